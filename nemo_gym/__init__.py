@@ -1,0 +1,25 @@
+"""nemo_gym: build, run and score RL environments for LLMs.
+
+Path constants match the NeMo Gym v0.2 layout so environment code that reads them keeps working.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+__version__ = "0.1.0"
+
+ROOT_DIR = Path(__file__).resolve().parent
+PARENT_DIR = ROOT_DIR.parent
+# Editable install: the repo root holds pyproject.toml, so caches and results live there.
+WORKING_DIR = PARENT_DIR if (PARENT_DIR / "pyproject.toml").exists() else Path.cwd()
+CACHE_DIR = WORKING_DIR / "cache"
+RESULTS_DIR = WORKING_DIR / "results"
+
+# Server folders (resources_servers/..., responses_api_models/...) import as top-level packages.
+if str(PARENT_DIR) not in sys.path:
+    sys.path.append(str(PARENT_DIR))
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_DATASETS_CACHE", str(CACHE_DIR / "huggingface"))
+os.environ.setdefault("TRANSFORMERS_CACHE", str(CACHE_DIR / "huggingface"))
