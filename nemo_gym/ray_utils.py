@@ -1,0 +1,327 @@
+"""Ray only when needed (DESIGN 2.3).
+
+- `ng_run` (parent): `start_or_join_ray_for_launch(cfg)`. With `ray_head_node_address` set, it only remembers
+  the address (children join it). Otherwise it starts a local cluster only if some server block says
+  `ray: true` (or the global config does), and writes the GCS address into `ray_head_node_address` before
+  the config is serialized for the children, so they all join that one cluster. A stack that needs no
+  Ray never imports it (importing ray alone costs about a second; a cluster start about nine).
+- Server process (child): `initialize_ray()` joins `ray_head_node_address` when set; without one it does
+  nothing unless this server (or the global config) asks for Ray, in which case it starts a local cluster.
+- `ensure_ray()`: for code that decides at run time that it needs Ray: joins the configured address, or
+  starts a local cluster (in that process) and records its address.
+
+`ray` is imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+RAY_ADDRESS_KEY = "ray_head_node_address"
+RAY_FLAG_KEY = "ray"
+
+# Keys of the global config that are never server blocks (kept local so this module needs no other import).
+_NOT_SERVER_KEYS = frozenset(
+    {
+        "config_paths", "entrypoint", "default_host", "head_server", "disallowed_ports", "head_server_deps",
+        "python_version", "pip_install_verbose", "use_absolute_ip", "uv_pip_set_python", "skip_venv_if_present",
+        "hf_token", RAY_ADDRESS_KEY, "port_range_low", "port_range_high", "dry_run", "uv_cache_dir", "uv_venv_dir",
+    }
+)
+
+_started_here = False  # did this process start the Ray cluster it is connected to?
+_lock = threading.Lock()
+
+
+@dataclass
+class RayHandle:
+    """What `start_or_join_ray_for_launch` did: `started` is True only when this process started the cluster."""
+
+    address: str
+    started: bool
+
+
+# ------------------------------------------------------------------------------------------- detection
+
+
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+    if cfg is None:
+        return default
+    try:
+        value = cfg.get(key, default)
+    except Exception:  # unresolvable interpolation and the like: treat as unset
+        return default
+    return default if value is None else value
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def _is_mapping(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return True
+    try:
+        from omegaconf import DictConfig
+
+        return isinstance(value, DictConfig)
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def _server_impl_configs(global_config: Any):
+    """Yield `(server_id, impl_config)` for every block shaped `id -> type -> impl -> {entrypoint, ...}`."""
+    if global_config is None:
+        return
+    try:
+        keys = list(global_config.keys())
+    except Exception:
+        return
+    for server_id in keys:
+        if server_id in _NOT_SERVER_KEYS:
+            continue
+        block = _get(global_config, server_id)
+        if not _is_mapping(block):
+            continue
+        for type_value in list(block.values()) if hasattr(block, "values") else []:
+            if not _is_mapping(type_value):
+                continue
+            for impl_value in list(type_value.values()):
+                if _is_mapping(impl_value) and "entrypoint" in impl_value:
+                    yield str(server_id), impl_value
+
+
+def server_config_wants_ray(server_config: Any) -> bool:
+    return _truthy(_get(server_config, RAY_FLAG_KEY, False))
+
+
+def server_wants_ray(global_config: Any) -> bool:
+    """True when the global config has `ray: true` or any server block's implementation config does."""
+    if _truthy(_get(global_config, RAY_FLAG_KEY, False)):
+        return True
+    return any(server_config_wants_ray(cfg) for _, cfg in _server_impl_configs(global_config))
+
+
+def _this_server_wants_ray(global_config: Any) -> bool:
+    """Child side: the global flag, or the block named by NEMO_GYM_CONFIG_PATH."""
+    if _truthy(_get(global_config, RAY_FLAG_KEY, False)):
+        return True
+    server_id = os.environ.get("NEMO_GYM_CONFIG_PATH")
+    if not server_id:
+        return False
+    return any(sid == server_id and server_config_wants_ray(cfg) for sid, cfg in _server_impl_configs(global_config))
+
+
+# ------------------------------------------------------------------------------------------------- ray
+
+
+def _ray():
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-report network traffic or prompt
+    import ray
+
+    return ray
+
+
+def _set_address(global_config: Any, address: str) -> None:
+    """Write the address into the (possibly struct-mode or read-only) config."""
+    if global_config is None:
+        return
+    try:
+        from omegaconf import DictConfig, OmegaConf, open_dict
+
+        if isinstance(global_config, DictConfig):
+            readonly = OmegaConf.is_readonly(global_config)
+            if readonly:
+                OmegaConf.set_readonly(global_config, False)
+            try:
+                with open_dict(global_config):
+                    global_config[RAY_ADDRESS_KEY] = address
+            finally:
+                if readonly:
+                    OmegaConf.set_readonly(global_config, True)
+            return
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        global_config[RAY_ADDRESS_KEY] = address
+    except TypeError:
+        pass
+
+
+def _keep_signal_handlers():
+    """ray.init replaces the SIGTERM handler of the main thread; the caller's (e.g. ng_run's) must survive."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_signal_handlers(saved) -> None:
+    for sig, handler in saved.items():
+        if handler is not None:
+            signal.signal(sig, handler)
+
+
+def _start_local(global_config: Any, *, log_to_driver: bool) -> str:
+    """Start a fresh local cluster in this process; return its GCS address."""
+    global _started_here
+    ray = _ray()
+    kwargs: dict[str, Any] = {
+        "address": "local",  # never pick up RAY_ADDRESS or an unrelated running cluster
+        "include_dashboard": False,
+        "logging_level": logging.WARNING,
+        "log_to_driver": log_to_driver,
+        "configure_logging": True,
+    }
+    num_cpus = _get(global_config, "ray_num_cpus")
+    if num_cpus is not None:
+        kwargs["num_cpus"] = int(num_cpus)
+    num_gpus = _get(global_config, "ray_num_gpus")
+    if num_gpus is not None:
+        kwargs["num_gpus"] = int(num_gpus)
+    saved = _keep_signal_handlers()
+    try:
+        ray.init(**kwargs)
+    finally:
+        _restore_signal_handlers(saved)
+    _started_here = True
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def _join(address: str, *, log_to_driver: bool = True) -> str:
+    ray = _ray()
+    saved = _keep_signal_handlers()
+    try:
+        ray.init(
+            address=address,
+            ignore_reinit_error=True,
+            logging_level=logging.WARNING,
+            log_to_driver=log_to_driver,
+        )
+    finally:
+        _restore_signal_handlers(saved)
+    return address
+
+
+def ray_is_initialized() -> bool:
+    """Without importing ray: a process that never imported it cannot be connected."""
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
+
+
+def _current_address() -> Optional[str]:
+    if not ray_is_initialized():
+        return None
+    import ray
+
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:
+        return None
+
+
+# ----------------------------------------------------------------------------------------- parent side
+
+
+def start_or_join_ray_for_launch(global_config: Any) -> Optional[RayHandle]:
+    """`ng_run`: decide whether this stack has Ray, before the config is serialized for the children.
+
+    - `ray_head_node_address` set: remember it, start nothing (children join it).
+    - some server (or the global config) has `ray: true`: start a local cluster here and write its GCS address
+      into `ray_head_node_address`.
+    - otherwise: None, and ray is not even imported.
+    """
+    address = _get(global_config, RAY_ADDRESS_KEY)
+    if address:
+        return RayHandle(address=str(address), started=False)
+    if not server_wants_ray(global_config):
+        return None
+    with _lock:
+        current = _current_address()
+        if current is not None:  # already connected (e.g. embedded use): share that cluster
+            _set_address(global_config, current)
+            return RayHandle(address=current, started=False)
+        address = _start_local(global_config, log_to_driver=False)  # the parent runs no tasks
+    _set_address(global_config, address)
+    return RayHandle(address=address, started=True)
+
+
+def shutdown_ray(handle: Optional[RayHandle]) -> None:
+    """Stop the cluster if (and only if) this process started it."""
+    global _started_here
+    if handle is None or not handle.started:
+        return
+    if ray_is_initialized():
+        import ray
+
+        ray.shutdown()
+    _started_here = False
+
+
+# ------------------------------------------------------------------------------------------ child side
+
+
+def _load_global_config(global_config_dict: Any) -> Any:
+    if global_config_dict is not None:
+        return global_config_dict
+    try:
+        from nemo_gym.global_config import get_global_config_dict
+    except ImportError:
+        get_global_config_dict = None
+    if get_global_config_dict is not None:
+        return get_global_config_dict()
+    text = os.environ.get("NEMO_GYM_CONFIG_DICT")
+    if not text:
+        return None
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create(text)
+
+
+def initialize_ray(global_config_dict: Any = None) -> Optional[str]:
+    """Server-process side (reference name). Returns the GCS address Ray is connected to, or None.
+
+    No-op when Ray is already initialized. Joins `ray_head_node_address` when set. Without an address it
+    starts a local cluster only if this server (its block's `ray: true`) or the global config asks for Ray;
+    otherwise ray is not imported at all.
+    """
+    with _lock:
+        current = _current_address()
+        if current is not None:
+            return current
+        cfg = _load_global_config(global_config_dict)
+        address = _get(cfg, RAY_ADDRESS_KEY)
+        if address:
+            return _join(str(address))
+        if not _this_server_wants_ray(cfg):
+            return None
+        address = _start_local(cfg, log_to_driver=True)
+        _set_address(cfg, address)
+        return address
+
+
+def ensure_ray(global_config_dict: Any = None) -> str:
+    """For code that needs Ray now, whatever the config says: join the configured address, else start a local
+    cluster in this process (and record its address in the config). Returns the GCS address."""
+    with _lock:
+        current = _current_address()
+        if current is not None:
+            return current
+        cfg = _load_global_config(global_config_dict)
+        address = _get(cfg, RAY_ADDRESS_KEY)
+        if address:
+            return _join(str(address))
+        address = _start_local(cfg, log_to_driver=True)
+        _set_address(cfg, address)
+        return address
+
+
+def started_ray_here() -> bool:
+    return _started_here
