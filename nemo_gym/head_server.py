@@ -1,0 +1,82 @@
+"""The head server: a small discovery service that lives in the `ng_run` process.
+
+Clients such as `ng_collect_rollouts` and `ng_status` only know the head server's address; they ask it for the
+global config (to find every server by name) and for the list of running server processes.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from nemo_gym import __version__
+
+
+class HeadServer:
+    """Serves `/global_config_dict_yaml`, `/server_instances` and `/health` from a daemon thread.
+
+    `config_yaml` is the masked global config. The YAML endpoint answers with a JSON string literal holding
+    the YAML text, as the reference does (its Appendix A.10), so clients written for it keep working;
+    `?raw=true` returns the YAML itself.
+    """
+
+    def __init__(self, config_yaml: str, instances: Callable[[], list[dict[str, Any]]]):
+        self.config_yaml = config_yaml
+        self._instances = instances
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.app = self._build_app()
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(title="nemo_gym head server", docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.get("/global_config_dict_yaml")
+        def global_config_dict_yaml(raw: bool = False):
+            if raw:
+                from fastapi.responses import PlainTextResponse
+
+                return PlainTextResponse(self.config_yaml, media_type="application/yaml")
+            return JSONResponse(self.config_yaml)
+
+        @app.get("/server_instances")
+        def server_instances():
+            return self._instances()
+
+        @app.get("/health")
+        def health():
+            return {"status": "ok", "name": "head_server", "version": __version__}
+
+        return app
+
+    def start(self, sock: socket.socket) -> None:
+        """Serve on an already-bound listening socket and return once the server accepts requests."""
+        config = uvicorn.Config(
+            self.app, log_level="warning", access_log=False, loop="asyncio", http="h11", lifespan="off"
+        )
+        self._server = uvicorn.Server(config)
+        # A thread cannot take signal handlers; the launcher owns SIGINT/SIGTERM.
+        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="nemo_gym-head-server", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self._server.started:
+            raise RuntimeError("the head server did not start within 10 s")
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=5)

@@ -1,0 +1,72 @@
+"""openai_model: forwards `/v1/responses` and `/v1/chat/completions` to any OpenAI-compatible endpoint.
+
+The request (only the keys the caller set) is merged over `extra_body`, `model` is forced to `openai_model`, and the
+upstream answer is returned as it came. Upstream errors come back with the upstream status and message; 429 and
+5xx are retried with backoff by the client (bounded).
+"""
+
+from typing import Any, Optional
+
+import orjson
+from fastapi import Body
+from fastapi.responses import Response
+from pydantic import PrivateAttr
+
+from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
+from nemo_gym.openai_utils import (
+    NeMoGymAsyncOpenAI,
+    NeMoGymChatCompletionCreateParamsNonStreaming,
+    NeMoGymOpenAIError,
+    NeMoGymResponseCreateParamsNonStreaming,
+)
+
+
+class SimpleModelServerConfig(BaseResponsesAPIModelConfig):
+    openai_base_url: str
+    openai_api_key: Optional[str] = None
+    openai_model: str
+    extra_body: dict[str, Any] = {}
+    max_attempts: int = 3
+
+
+def _json_response(data: Any, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status_code, media_type="application/json")
+
+
+class SimpleModelServer(SimpleResponsesAPIModel):
+    config: SimpleModelServerConfig
+    _client: Optional[NeMoGymAsyncOpenAI] = PrivateAttr(default=None)
+
+    @property
+    def client(self) -> NeMoGymAsyncOpenAI:
+        if self._client is None:
+            self._client = NeMoGymAsyncOpenAI(
+                base_url=self.config.openai_base_url,
+                api_key=self.config.openai_api_key,
+                max_attempts=self.config.max_attempts,
+            )
+        return self._client
+
+    def _params(self, body: Any) -> dict:
+        params = {**self.config.extra_body, **body.model_dump(exclude_unset=True)}
+        params["model"] = self.config.openai_model
+        return params
+
+    async def _forward(self, call, params: dict) -> Response:
+        try:
+            return _json_response(await call(**params))
+        except NeMoGymOpenAIError as exc:
+            return _json_response({"error": {"upstream_status": exc.status, "message": exc.body}}, exc.status)
+
+    async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> Response:
+        params = self._params(body)
+        # The official OpenAI Responses API has no `seed`; other upstreams take it through extra_body.
+        params.pop("seed", None)
+        return await self._forward(self.client.create_response, params)
+
+    async def chat_completions(self, body: NeMoGymChatCompletionCreateParamsNonStreaming = Body()) -> Response:
+        return await self._forward(self.client.create_chat_completion, self._params(body))
+
+
+if __name__ == "__main__":
+    SimpleModelServer.run_webserver()

@@ -1,0 +1,208 @@
+"""`ng_run` as a user runs it: a real 3-server stack (resources server with per-session state, openai_model in
+front of the fake LLM backend, an agent), a `/run` through all of it, Ctrl-C, crash reporting, two stacks at once.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import FIXTURE_STACK, free_port
+
+NG_RUN = [sys.executable, "-c", "from nemo_gym.cli import run; run()"]
+
+
+class Stack:
+    """An `ng_run` child process whose output is collected line by line."""
+
+    def __init__(self, args: list[str], cwd: Path = FIXTURE_STACK):
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [*NG_RUN, *args],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(text in line for line in self.lines):
+                return
+            if self.proc.poll() is not None:
+                self._reader.join(timeout=5)
+                if any(text in line for line in self.lines):
+                    return
+                raise AssertionError(f"ng_run exited ({self.proc.returncode}) before {text!r}:\n{self.output}")
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {text!r}:\n{self.output}")
+
+    def stop(self, sig=signal.SIGINT, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        return code
+
+
+def stack_args(backend_url: str, head_port: int) -> list[str]:
+    return [
+        "+config_paths=[configs/stack.yaml]",
+        f"+policy_base_url={backend_url}",
+        "+policy_api_key=dummy-key",
+        "+policy_model_name=fake-model",
+        f"+head_server.port={head_port}",
+    ]
+
+
+def instances(head_port: int) -> list[dict]:
+    return httpx.get(f"http://127.0.0.1:{head_port}/server_instances", timeout=5).json()
+
+
+def port_is_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        # SO_REUSEADDR as servers use it: connections in TIME_WAIT do not count, a listener does.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def test_stack_starts_runs_a_rollout_and_stops_cleanly_on_sigint(fake_backend):
+    head_port = free_port()
+    stack = Stack(stack_args(fake_backend, head_port))
+    try:
+        stack.wait_for("All 3 / 3 servers ready!")
+        servers = {i["process_name"]: i for i in instances(head_port)}
+        assert set(servers) == {"policy_model", "counter_resources_server", "counter_agent"}
+        for info in servers.values():
+            assert httpx.get(info["url"] + "/health", timeout=5).status_code == 200
+
+        row = {
+            "responses_create_params": {
+                "input": "add two please",
+                "tools": [
+                    {
+                        "type": "function",
+                        "name": "increment_counter",
+                        "description": "add to the counter",
+                        "parameters": {"type": "object", "properties": {"count": {"type": "integer"}}},
+                        "strict": False,
+                    }
+                ],
+            },
+            "initial_count": 1,
+            "expected_count": 3,
+        }
+        result = httpx.post(servers["counter_agent"]["url"] + "/run", json=row, timeout=60).json()
+        assert result["reward"] == 1.0, result
+        assert result["final_count"] == 3
+        outputs = result["response"]["output"]
+        assert [o["type"] for o in outputs] == ["function_call", "function_call_output", "message"]
+        assert outputs[-1]["content"][0]["text"] == "echo: add two please"
+
+        # The masked config is served by the head server, api keys hidden.
+        config_text = httpx.get(f"http://127.0.0.1:{head_port}/global_config_dict_yaml?raw=true", timeout=5).text
+        assert "dummy-key" not in config_text and "****" in config_text
+
+        pids = [info["pid"] for info in servers.values()]
+        ports = [info["port"] for info in servers.values()]
+    finally:
+        code = stack.stop()
+    assert code == 0, stack.output
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    for port in [*ports, head_port]:
+        assert port_is_free(port), f"port {port} still bound after shutdown"
+
+
+def test_sigterm_also_stops_everything(fake_backend):
+    head_port = free_port()
+    stack = Stack(stack_args(fake_backend, head_port))
+    try:
+        stack.wait_for("All 3 / 3 servers ready!")
+        pids = [i["pid"] for i in instances(head_port)]
+    finally:
+        code = stack.stop(signal.SIGTERM)
+    assert code == 0, stack.output
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_server_crash_at_start_is_reported_and_exits_nonzero():
+    head_port = free_port()
+    stack = Stack(["+config_paths=[configs/crashing.yaml]", f"+head_server.port={head_port}"])
+    code = stack.proc.wait(timeout=60)
+    stack._reader.join(timeout=5)
+    assert code == 1, stack.output
+    assert "Server 'crashing_server'" in stack.output
+    assert "simulated start-up failure" in stack.output
+    assert port_is_free(head_port)
+
+
+def test_server_crash_after_ready_stops_the_stack(fake_backend):
+    head_port = free_port()
+    stack = Stack(stack_args(fake_backend, head_port))
+    try:
+        stack.wait_for("All 3 / 3 servers ready!")
+        victim = next(i for i in instances(head_port) if i["process_name"] == "counter_resources_server")
+        os.kill(victim["pid"], signal.SIGKILL)
+        code = stack.proc.wait(timeout=60)
+    finally:
+        stack.stop()
+    assert code == 1
+    assert "Server 'counter_resources_server'" in stack.output
+    assert "exited with code -9" in stack.output
+
+
+def test_two_stacks_at_once_get_different_ports(fake_backend):
+    head_a, head_b = free_port(), free_port()
+    a = Stack(stack_args(fake_backend, head_a))
+    b = Stack(stack_args(fake_backend, head_b))
+    try:
+        a.wait_for("All 3 / 3 servers ready!")
+        b.wait_for("All 3 / 3 servers ready!")
+        ports_a = {i["port"] for i in instances(head_a)}
+        ports_b = {i["port"] for i in instances(head_b)}
+        assert len(ports_a) == 3 and len(ports_b) == 3
+        assert not ports_a & ports_b
+    finally:
+        assert a.stop() == 0, a.output
+        assert b.stop() == 0, b.output
+
+
+def test_head_port_in_use_is_a_clear_error():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        stack = Stack(["+config_paths=[configs/crashing.yaml]", f"+head_server.port={busy}"])
+        code = stack.proc.wait(timeout=60)
+        stack._reader.join(timeout=5)
+    assert code == 2, stack.output
+    assert str(busy) in stack.output
+    assert "Traceback" not in stack.output
