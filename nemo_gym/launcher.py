@@ -147,11 +147,14 @@ class RunHelper:
 
     # ------------------------------------------------------------------------------------------------ start
     def prepare(self) -> None:
-        from nemo_gym.global_config import find_server_instances
+        from nemo_gym.global_config import find_server_instances, resolve_server_config
 
         specs = find_server_instances(self.cfg)
         default_host = str(self.cfg.get("default_host", "127.0.0.1"))
         for spec in specs:
+            # Children resolve their own block; doing it here first turns an unset `${policy_base_url}` into one
+            # clear error before anything starts, instead of a crash report from one child.
+            resolve_server_config(self.cfg, spec.server_id)
             server_dir = resolve_server_dir(spec, self.cwd)
             check_entrypoint(spec, server_dir)
             host = str(spec.config.get("host") or default_host)

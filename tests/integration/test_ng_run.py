@@ -206,3 +206,52 @@ def test_head_port_in_use_is_a_clear_error():
     assert code == 2, stack.output
     assert str(busy) in stack.output
     assert "Traceback" not in stack.output
+
+
+def test_a_server_that_asks_for_ray_gets_a_cluster_shared_with_ng_run():
+    head_port = free_port()
+    stack = Stack(["+config_paths=[configs/ray.yaml]", f"+head_server.port={head_port}"])
+    try:
+        stack.wait_for("All 1 / 1 servers ready!", timeout=180)
+        config = httpx.get(f"http://127.0.0.1:{head_port}/global_config_dict_yaml?raw=true", timeout=5).text
+        address = next(line.split(":", 1)[1].strip() for line in config.splitlines() if line.startswith("ray_head_node_address:"))
+        server = instances(head_port)[0]
+        result = httpx.post(server["url"] + "/square", json={"x": 7}, timeout=120).json()
+        assert result["value"] == 49
+        assert result["gcs_address"] == address
+    finally:
+        code = stack.stop(timeout=60)
+    assert code == 0, stack.output
+
+
+def test_stack_without_ray_never_starts_it(fake_backend):
+    head_port = free_port()
+    stack = Stack(stack_args(fake_backend, head_port))
+    try:
+        stack.wait_for("All 3 / 3 servers ready!")
+        config = httpx.get(f"http://127.0.0.1:{head_port}/global_config_dict_yaml?raw=true", timeout=5).text
+        assert "ray_head_node_address" not in config
+        tree = psutil.Process(stack.proc.pid).children(recursive=True)
+        assert not any("ray" in " ".join(p.cmdline()) for p in tree if p.is_running())
+    finally:
+        assert stack.stop() == 0
+
+
+def test_isolated_venv_server_runs_from_its_own_venv(fake_backend, tmp_path):
+    head_port = free_port()
+    args = stack_args(fake_backend, head_port) + [
+        "+counter_resources_server.resources_servers.counter_resources.venv_mode=isolated",
+        f"+uv_venv_dir={tmp_path}",
+    ]
+    stack = Stack(args)
+    try:
+        stack.wait_for("All 3 / 3 servers ready!", timeout=600)
+        servers = {i["process_name"]: i for i in instances(head_port)}
+        isolated = psutil.Process(servers["counter_resources_server"]["pid"]).cmdline()[0]
+        shared = psutil.Process(servers["counter_agent"]["pid"]).cmdline()[0]
+        assert isolated.startswith(str(tmp_path)), isolated
+        assert not shared.startswith(str(tmp_path))
+        row = {"responses_create_params": {"input": "hi"}, "initial_count": 4, "expected_count": 4}
+        assert httpx.post(servers["counter_agent"]["url"] + "/run", json=row, timeout=60).json()["reward"] == 1.0
+    finally:
+        assert stack.stop() == 0, stack.output

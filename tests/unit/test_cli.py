@@ -104,3 +104,13 @@ def test_status_without_a_head_server_gives_a_hint(tmp_path):
     result = run_cli("status", f"+head_server.port={free_port()}", cwd=tmp_path)
     assert result.returncode == 1
     assert "ng_run" in result.stderr
+
+
+def test_ng_run_with_an_unset_interpolation_fails_before_starting_anything():
+    from tests.conftest import FIXTURE_STACK, free_port
+
+    result = run_cli("run", "+config_paths=[configs/stack.yaml]", f"+head_server.port={free_port()}", cwd=FIXTURE_STACK)
+    assert result.returncode == 2
+    assert "policy_base_url" in result.stderr and "+policy_base_url=" in result.stderr
+    assert "servers ready" not in result.stdout
+    assert "Traceback" not in result.stderr + result.stdout

@@ -1,0 +1,471 @@
+"""ServerClient against a real HTTP server on 127.0.0.1 (uvicorn in a background thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import socket
+import threading
+import time
+from http.cookies import SimpleCookie
+from typing import Optional
+
+import aiohttp
+import httpx
+import orjson
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from omegaconf import OmegaConf
+from pydantic import BaseModel
+
+from nemo_gym import server_client as sc
+from nemo_gym.server_client import (
+    NeMoGymHTTPError,
+    ServerClient,
+    close_global_client,
+    get_global_client,
+    get_global_transport,
+    get_response_json,
+    raise_for_status,
+)
+
+# ------------------------------------------------------------------------------------------ test server
+
+
+def _build_app(state: dict) -> FastAPI:
+    app = FastAPI()
+    calls: collections.Counter = state["calls"]
+
+    @app.post("/echo")
+    @app.get("/echo")
+    async def echo(request: Request):
+        raw = await request.body()
+        return {
+            "method": request.method,
+            "body": orjson.loads(raw) if raw else None,
+            "content_type": request.headers.get("content-type"),
+            "cookie": request.headers.get("cookie"),
+            "x_test": request.headers.get("x-test"),
+            "query": dict(request.query_params),
+        }
+
+    @app.get("/set_cookie")
+    async def set_cookie():
+        response = Response(content=b'{"ok": true}', media_type="application/json")
+        response.set_cookie("SimpleAgent___agent", "signed.value-1")
+        response.set_cookie("other", "two")
+        return response
+
+    @app.post("/flaky/{key}/{failures}/{status}")
+    async def flaky(key: str, failures: int, status: int):
+        calls[key] += 1
+        if calls[key] <= failures:
+            return Response(content=f"try again ({calls[key]})", status_code=status)
+        return {"ok": True, "calls": calls[key]}
+
+    @app.post("/status/{key}/{status}")
+    async def always(key: str, status: int):
+        calls[key] += 1
+        return Response(content=f"status {status} body for {key}", status_code=status)
+
+    @app.post("/slow/{key}")
+    async def slow(key: str):
+        calls[key] += 1
+        await asyncio.sleep(3)
+        return {"ok": True}
+
+    @app.get("/global_config_dict_yaml")
+    async def global_config_dict_yaml():
+        if state.get("raw_yaml"):
+            return Response(content=state["yaml"], media_type="text/plain")
+        return state["yaml"]  # FastAPI JSON-encodes the str: a JSON string literal holding YAML
+
+    return app
+
+
+class _ThreadedServer:
+    def __init__(self) -> None:
+        self.state: dict = {"calls": collections.Counter(), "yaml": ""}
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(2048)
+        self.port = self.sock.getsockname()[1]
+        config = uvicorn.Config(
+            _build_app(self.state), log_level="warning", lifespan="off", access_log=False, backlog=2048
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def start(self) -> "_ThreadedServer":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("test server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = _ThreadedServer().start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(autouse=True)
+async def _fresh_shared_client():
+    yield
+    await close_global_client()
+
+
+def _config(port: int, host: str = "127.0.0.1") -> dict:
+    return {
+        "head_server": {"host": "127.0.0.1", "port": 11000},
+        "test_agent": {"responses_api_agents": {"simple_agent": {"host": host, "port": port}}},
+        "test_resources": {"resources_servers": {"example": {"host": host, "port": port, "domain": "other"}}},
+        "policy_model_name": "x",
+    }
+
+
+def _client(port: int, **kwargs) -> ServerClient:
+    kwargs.setdefault("backoff_base", 0.01)
+    kwargs.setdefault("backoff_max", 0.05)
+    return ServerClient(global_config_dict=_config(port), **kwargs)
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+# ------------------------------------------------------------------------------------------ addressing
+
+
+def test_url_building_from_dict_and_dictconfig():
+    client = ServerClient(global_config_dict=_config(12345))
+    assert client.base_url("test_agent") == "http://127.0.0.1:12345"
+    cfg = OmegaConf.create(
+        {
+            "default_host": "127.0.0.1",
+            "my_model": {"responses_api_models": {"openai_model": {"host": "${default_host}", "port": "23456"}}},
+        }
+    )
+    client = ServerClient(global_config_dict=cfg)
+    assert client.base_url("my_model") == "http://127.0.0.1:23456"
+    assert client.base_url("my_model") is client.base_url("my_model")  # cached
+
+
+async def test_request_goes_to_the_configured_host_and_path(server):
+    client = _client(server.port)
+    response = await client.get("test_resources", "/echo", params={"q": "1"})
+    assert response.status_code == 200
+    assert str(response.request.url) == f"http://127.0.0.1:{server.port}/echo?q=1"
+    assert (await get_response_json(response))["query"] == {"q": "1"}
+    # A path without its leading slash still works.
+    response = await client.post("test_agent", "echo", json={"a": 1})
+    assert response.json()["body"] == {"a": 1}
+
+
+def test_unknown_server_lists_known_ids():
+    client = ServerClient(global_config_dict=_config(1))
+    with pytest.raises(ValueError) as info:
+        client.base_url("test_agnet")
+    message = str(info.value)
+    assert "test_agnet" in message
+    assert "test_agent" in message and "test_resources" in message
+    assert "head_server" not in message.split("Known server ids:")[1]
+    assert "Did you mean `test_agent`" in message
+
+
+def test_server_without_port_is_a_clear_error():
+    cfg = {"srv": {"resources_servers": {"impl": {"host": "127.0.0.1"}}}}
+    with pytest.raises(ValueError, match="no host/port"):
+        ServerClient(global_config_dict=cfg).base_url("srv")
+
+
+# ------------------------------------------------------------------------------------------ bodies
+
+
+class _Inner(BaseModel):
+    x: int = 1
+    y: Optional[str] = None
+
+
+class _Body(BaseModel):
+    model: str = "default-model"
+    temperature: Optional[float] = None
+    inner: Optional[_Inner] = None
+
+
+async def test_pydantic_body_is_dumped_with_exclude_unset(server):
+    client = _client(server.port)
+    body = _Body(temperature=0.5, inner=_Inner(y="z"))
+    response = await client.post("test_agent", "/echo", json=body)
+    seen = response.json()
+    assert seen["body"] == {"temperature": 0.5, "inner": {"y": "z"}}
+    assert seen["content_type"] == "application/json"
+
+
+async def test_plain_json_with_nested_models_and_headers(server):
+    client = _client(server.port)
+    response = await client.post(
+        "test_agent", "/echo", json={"items": [_Inner(x=5)], "n": 1}, headers={"X-Test": "yes"}
+    )
+    seen = response.json()
+    assert seen["body"] == {"items": [{"x": 5}], "n": 1}
+    assert seen["content_type"] == "application/json"
+    assert seen["x_test"] == "yes"
+
+
+# ------------------------------------------------------------------------------------------ cookies
+
+
+async def test_cookies_are_sent_explicitly_and_never_stored(server):
+    client = _client(server.port)
+    response = await client.post("test_agent", "/echo", json={}, cookies={"a": "1", "b": "2"})
+    assert response.json()["cookie"] == "a=1; b=2"
+    # The next call without cookies carries none: nothing was stored.
+    response = await client.post("test_agent", "/echo", json={})
+    assert response.json()["cookie"] is None
+    # httpx.Cookies and SimpleCookie are accepted too.
+    jar = httpx.Cookies()
+    jar.set("c", "3", domain="127.0.0.1")
+    assert (await client.post("test_agent", "/echo", json={}, cookies=jar)).json()["cookie"] == "c=3"
+    simple = SimpleCookie()
+    simple["d"] = "4"
+    assert (await client.post("test_agent", "/echo", json={}, cookies=simple)).json()["cookie"] == "d=4"
+    # A second client on the same loop shares the transport but not cookies.
+    other = _client(server.port)
+    assert (await other.get("test_agent", "/echo")).json()["cookie"] is None
+
+
+async def test_set_cookie_is_read_from_the_response_and_can_be_passed_on(server):
+    client = _client(server.port)
+    response = await client.get("test_agent", "/set_cookie")
+    assert response.cookies["SimpleAgent___agent"] == "signed.value-1"
+    assert response.cookies["other"] == "two"
+    response2 = await client.post("test_resources", "/echo", json={}, cookies=response.cookies)
+    sent = response2.json()["cookie"]
+    assert "SimpleAgent___agent=signed.value-1" in sent and "other=two" in sent
+    # Not stored by the client, nor by the shared AsyncClient.
+    assert (await client.get("test_agent", "/echo")).json()["cookie"] is None
+    shared = await get_global_client()
+    await shared.get(f"http://127.0.0.1:{server.port}/set_cookie")
+    assert len(shared.cookies.jar) == 0
+    assert (await shared.get(f"http://127.0.0.1:{server.port}/echo")).json()["cookie"] is None
+
+
+# ------------------------------------------------------------------------------------------ retries
+
+
+@pytest.mark.parametrize("status", [429, 502, 503, 504])
+async def test_retry_on_retryable_status_then_success(server, status):
+    key = f"retry-{status}"
+    client = _client(server.port)
+    response = await client.post("test_agent", f"/flaky/{key}/2/{status}", json={})
+    assert response.status_code == 200
+    assert response.json() == {"ok": True, "calls": 3}
+    assert server.state["calls"][key] == 3
+    assert response.extensions["nemo_gym_attempts"] == 3
+
+
+async def test_give_up_after_max_attempts_on_502(server):
+    client = _client(server.port, max_attempts=3)
+    response = await client.post("test_agent", "/status/giveup/502", json={})
+    assert response.status_code == 502
+    assert server.state["calls"]["giveup"] == 3
+    with pytest.raises(NeMoGymHTTPError) as info:
+        await raise_for_status(response)
+    assert info.value.status == 502 and info.value.response.status_code == 502
+    assert "after 3 attempts" in str(info.value)
+    assert "test_agent" in str(info.value)
+    # Per-call override of the bound.
+    response = await client.post("test_agent", "/status/giveup-once/502", json={}, max_attempts=1)
+    assert response.status_code == 502 and server.state["calls"]["giveup-once"] == 1
+
+
+@pytest.mark.parametrize("status", [400, 404, 422, 500])
+async def test_no_retry_on_other_error_statuses(server, status):
+    key = f"noretry-{status}"
+    client = _client(server.port)
+    response = await client.post("test_agent", f"/status/{key}/{status}", json={})
+    assert response.status_code == status
+    assert server.state["calls"][key] == 1
+
+
+async def test_connection_refused_is_retried_then_raised_clearly():
+    port = _free_port()
+    client = _client(port, max_attempts=3)
+    with pytest.raises(httpx.ConnectError) as info:
+        await client.post("test_agent", "/run", json={"x": 1})
+    err = info.value
+    assert err.attempts == 3
+    assert err.server_name == "test_agent"
+    message = str(err)
+    assert f"127.0.0.1:{port}/run" in message
+    assert "test_agent" in message and "after 3 attempts" in message
+    assert "running" in message
+
+
+async def test_remote_disconnect_is_retried_then_raised():
+    accepted = 0
+
+    async def handle(reader, writer):
+        nonlocal accepted
+        accepted += 1
+        await reader.read(100)  # start of the request, then hang up without answering
+        writer.close()
+
+    tcp = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = tcp.sockets[0].getsockname()[1]
+    try:
+        client = _client(port, max_attempts=3)
+        with pytest.raises(httpx.TransportError) as info:
+            await client.post("test_agent", "/run", json={"x": 1})
+        assert isinstance(info.value, sc.RETRY_EXCEPTIONS)
+        assert info.value.attempts == 3
+        assert accepted == 3
+    finally:
+        tcp.close()
+        await tcp.wait_closed()
+
+
+async def test_read_timeout_per_call_is_not_retried(server):
+    client = _client(server.port)
+    with pytest.raises(httpx.ReadTimeout) as info:
+        await client.post("test_agent", "/slow/t1", json={}, timeout=httpx.Timeout(5.0, read=0.2))
+    assert info.value.attempts == 1
+    assert server.state["calls"]["t1"] == 1
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+async def test_raise_for_status_attaches_body_text(server):
+    client = _client(server.port)
+    response = await client.post("test_resources", "/status/boom/500", json={})
+    with pytest.raises(NeMoGymHTTPError) as info:
+        await raise_for_status(response)
+    err = info.value
+    assert err.response_content == "status 500 body for boom"
+    assert err.status == err.status_code == 500
+    assert isinstance(err, httpx.HTTPStatusError)
+    assert isinstance(err, aiohttp.ClientResponseError)  # code written against the reference still catches it
+    message = str(err)
+    assert "500" in message and "test_resources" in message and "/status/boom/500" in message
+    assert "status 500 body for boom" in message
+    ok = await client.get("test_resources", "/echo")
+    assert await raise_for_status(ok) is None
+
+
+async def test_get_response_json(server):
+    client = _client(server.port)
+    response = await client.post("test_agent", "/echo", json={"nested": {"list": [1, 2.5, None, "s"]}})
+    data = await get_response_json(response)
+    assert data["body"] == {"nested": {"list": [1, 2.5, None, "s"]}}
+    assert data["method"] == "POST"
+
+
+# ------------------------------------------------------------------------------------------ head server
+
+
+@pytest.mark.parametrize("raw_yaml", [False, True])
+async def test_load_from_global_config(server, raw_yaml):
+    cfg = _config(server.port)
+    cfg["default_host"] = "127.0.0.1"
+    cfg["test_agent"]["responses_api_agents"]["simple_agent"]["host"] = "${default_host}"
+    server.state["yaml"] = OmegaConf.to_yaml(OmegaConf.create(cfg))
+    server.state["raw_yaml"] = raw_yaml
+    try:
+        client = ServerClient.load_from_global_config({"host": "127.0.0.1", "port": server.port})
+    finally:
+        server.state["raw_yaml"] = False
+    assert client.global_config_dict["test_agent"]["responses_api_agents"]["simple_agent"]["port"] == server.port
+    assert client.base_url("test_agent") == f"http://127.0.0.1:{server.port}"
+    response = await client.post("test_agent", "/echo", json={"hello": "world"})
+    assert response.json()["body"] == {"hello": "world"}
+
+
+def test_load_from_global_config_unreachable_head_server():
+    port = _free_port()
+
+    class HeadCfg:  # a BaseServerConfig-like object
+        host = "127.0.0.1"
+
+    HeadCfg.port = port
+    with pytest.raises(ValueError) as info:
+        ServerClient.load_from_global_config(HeadCfg())
+    message = str(info.value)
+    assert f"127.0.0.1:{port}" in message
+    assert "ng_run" in message and "+head_server.host" in message
+
+
+# ------------------------------------------------------------------------------------------ transport
+
+
+async def test_one_thousand_concurrent_requests_complete(server):
+    client = _client(server.port)
+    results = await asyncio.gather(*(client.post("test_agent", "/echo", json={"i": i}) for i in range(1000)))
+    assert [r.json()["body"]["i"] for r in results] == list(range(1000))
+    assert all(r.status_code == 200 for r in results)
+
+
+async def test_shared_transport_defaults_and_limits_from_config(server):
+    cfg = _config(server.port)
+    cfg["global_aiohttp_connector_limit"] = 321
+    cfg["global_aiohttp_connector_limit_per_host"] = 12
+    client = ServerClient(global_config_dict=cfg)
+    assert (await client.get("test_agent", "/echo")).status_code == 200
+    transport = await get_global_transport()
+    assert transport is await get_global_transport()  # one per loop
+    assert isinstance(transport.client, aiohttp.ClientSession)
+    assert transport.client.connector.limit == 321
+    assert transport.client.connector.limit_per_host == 12
+    await close_global_client()
+    assert transport.client.closed
+    # A new one is created on demand after closing.
+    assert (await client.get("test_agent", "/echo")).status_code == 200
+    assert await get_global_transport() is not transport
+
+
+@pytest.mark.parametrize("via", ["config", "env"])
+async def test_httpx_transport_switch(server, monkeypatch, via):
+    cfg = _config(server.port)
+    if via == "config":
+        cfg["http_client_transport"] = "httpx"
+    else:
+        monkeypatch.setenv("NEMO_GYM_HTTP_CLIENT_TRANSPORT", "httpx")
+    client = ServerClient(global_config_dict=cfg, backoff_base=0.01)
+    response = await client.post("test_agent", "/echo", json={"via": via}, cookies={"k": "v"})
+    assert response.json()["body"] == {"via": via}
+    assert response.json()["cookie"] == "k=v"
+    assert isinstance(await get_global_transport(), httpx.AsyncHTTPTransport)
+    assert (await client.post("test_agent", "/flaky/httpx-" + via + "/1/503", json={})).status_code == 200
+
+
+def test_unknown_transport_name_is_rejected():
+    with pytest.raises(ValueError, match="http_client_transport"):
+        sc._transport_name({"http_client_transport": "curl"})
+
+
+def test_shared_transport_is_closed_when_asyncio_run_ends(server):
+    client = _client(server.port)
+    seen = {}
+
+    async def main():
+        await client.get("test_agent", "/echo")
+        seen["transport"] = await get_global_transport()
+
+    asyncio.run(main())
+    assert seen["transport"].client.closed  # closed by loop.shutdown_asyncgens()
