@@ -1,0 +1,943 @@
+"""HTTP client that servers use to call each other by server id.
+
+`ServerClient` turns a server id (a top-level block name of the global config) into
+`http://{host}:{port}` and sends requests through one shared httpx transport per event loop.
+
+Behaviour (NeMo Gym v0.2 compatible, see DESIGN.md 2.1 / 2.5):
+
+- **Addressing**: host/port sit three levels under `global_config_dict[server_id]`
+  (`server_id -> server_type -> impl -> {host, port}`); resolved base URLs are cached per server id.
+- **Bodies**: `json=` may be a pydantic model (dumped with `exclude_unset=True`) or plain data; it is
+  serialized to bytes (orjson for plain data, pydantic's Rust serializer for models; nested models inside
+  plain data go through orjson's `default` hook) and sent as content with `Content-Type: application/json`.
+- **Cookies** are never stored by the client (no jar shared between rollouts). Pass them per call
+  (`dict`, `httpx.Cookies` or `http.cookies.SimpleCookie`); they are sent as one `Cookie` header. A response's
+  `.cookies` holds the `Set-Cookie`s of that response only.
+- **Retries**: bounded (`max_attempts`, default 4) with exponential backoff and full jitter, on connection
+  failures (connect error/timeout, pool timeout, read/write error, remote disconnect) and on HTTP
+  429/502/503/504 (a `Retry-After` in seconds is honoured, capped at `backoff_max`). Other statuses are
+  returned at once. After the last attempt the last response is returned, or the last exception is raised
+  with the server id, URL and attempt count in its message (attributes `server_name`, `url`, `attempts`).
+  Read/write *timeouts* are not retried: the server may still be working on a non-idempotent `/run`.
+- **Timeouts**: default connect 10 s, read/write/pool unbounded. A rollout's `/run` can legitimately take
+  hours (long agentic episodes), and the reference had no client timeout at all (its Appendix A item 12);
+  a bounded connect timeout still turns a dead host into a prompt, retryable error. Override per client
+  (`timeout=`) or per call (`timeout=`; a float applies to connect, read, write and pool).
+
+Transport (benchmark: `benchmarks/client_concurrency.py`): httpx's default httpcore pool rescans its waiting
+queue against every connection on each request and each release, which is quadratic in queued requests and
+stalls at ~16k in flight. We default to `httpx_aiohttp.AiohttpTransport` over one `aiohttp.TCPConnector`
+(`limit = global_aiohttp_connector_limit`, default 102400; `limit_per_host =
+global_aiohttp_connector_limit_per_host`, default 1024), whose waiters queue is O(1) per request. Set
+`http_client_transport: httpx` (config) or `NEMO_GYM_HTTP_CLIENT_TRANSPORT=httpx` (env) to use an httpcore pool
+sized from the same two keys instead. The config key wins over the env var.
+
+There is one transport per event loop per process, created lazily by the first request on that loop with the
+config of the `ServerClient` that made it. It is closed when the loop shuts down its async generators
+(`asyncio.run`, uvicorn, pytest-asyncio all do), at interpreter exit if the loop is still usable, or explicitly
+with `await close_global_client()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import http.cookiejar
+import logging
+import os
+import random
+import threading
+from dataclasses import dataclass
+from http.cookies import SimpleCookie
+from typing import Any, AsyncIterator, Mapping, Optional, Union
+
+import httpx
+import orjson
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ServerClient",
+    "NeMoGymHTTPError",
+    "raise_for_status",
+    "get_response_json",
+    "get_global_client",
+    "get_global_transport",
+    "build_transport",
+    "close_global_client",
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_MAX_ATTEMPTS",
+    "RETRY_STATUSES",
+]
+
+DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=None, pool=None)
+DEFAULT_MAX_ATTEMPTS = 4
+DEFAULT_BACKOFF_BASE = 0.5  # seconds; attempt k sleeps uniform(0, min(max, base * 2**(k-1)))
+DEFAULT_BACKOFF_MAX = 8.0
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+
+DEFAULT_CONNECTOR_LIMIT = 102400
+DEFAULT_CONNECTOR_LIMIT_PER_HOST = 1024
+TRANSPORT_ENV_VAR = "NEMO_GYM_HTTP_CLIENT_TRANSPORT"
+TRANSPORT_CONFIG_KEY = "http_client_transport"
+TRANSPORTS = ("aiohttp", "httpx")
+DEFAULT_TRANSPORT = "aiohttp"
+
+# Connection-level failures that are safe to retry: the request never reached the application, or the
+# connection died under it. Timeouts on read/write are deliberately absent.
+RETRY_EXCEPTIONS: tuple[type[BaseException], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+)
+
+_JSON_HEADERS = (("content-type", "application/json"),)
+_NO_TIMEOUT_OVERRIDE: Any = object()
+
+
+# --------------------------------------------------------------------------------------------------------
+# Errors and response helpers
+
+
+def _aiohttp_request_info(request: Optional[httpx.Request]):
+    try:
+        import aiohttp
+        from multidict import CIMultiDict, CIMultiDictProxy
+        from yarl import URL
+    except Exception:  # pragma: no cover - aiohttp is a dependency
+        return None
+    url = URL(str(request.url)) if request is not None else URL()
+    method = request.method if request is not None else ""
+    headers = CIMultiDictProxy(CIMultiDict(request.headers.multi_items() if request is not None else ()))
+    return aiohttp.RequestInfo(url, method, headers, url)
+
+
+def _error_bases() -> tuple[type, ...]:
+    # Also an aiohttp.ClientResponseError, so environment code written for the reference's aiohttp client
+    # (`except ClientResponseError as e: e.status`) keeps working.
+    try:
+        import aiohttp
+
+        return (httpx.HTTPStatusError, aiohttp.ClientResponseError)
+    except Exception:  # pragma: no cover
+        return (httpx.HTTPStatusError,)
+
+
+class NeMoGymHTTPError(*_error_bases()):  # type: ignore[misc]
+    """An HTTP error status from another server.
+
+    `response_content` is the response body as text (the exception middleware relays it), `status` /
+    `status_code` the status, `server_name` the server id (when known), `attempts` how many tries were made.
+    Subclasses `httpx.HTTPStatusError` and `aiohttp.ClientResponseError`.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request: Optional[httpx.Request] = None,
+        response: Optional[httpx.Response] = None,
+        response_content: str = "",
+        server_name: Optional[str] = None,
+        attempts: Optional[int] = None,
+    ) -> None:
+        Exception.__init__(self, message)
+        self.request = request  # type: ignore[assignment]
+        self.response = response  # type: ignore[assignment]
+        self.response_content = response_content
+        self.server_name = server_name
+        self.attempts = attempts
+        status = response.status_code if response is not None else 0
+        self.status = status
+        self.status_code = status
+        self.message = message
+        self.headers = response.headers if response is not None else None
+        self.history = ()
+        self.request_info = _aiohttp_request_info(request)
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+
+async def _ensure_read(response: httpx.Response) -> bytes:
+    try:
+        return response.content
+    except httpx.ResponseNotRead:
+        return await response.aread()
+
+
+async def raise_for_status(response: httpx.Response) -> None:
+    """Raise `NeMoGymHTTPError` (body text attached as `response_content`) if the status is >= 400."""
+    if response.status_code < 400:
+        return
+    body = await _ensure_read(response)
+    text = body.decode("utf-8", errors="replace")
+    ext = response.extensions
+    server_name = ext.get("nemo_gym_server_name")
+    attempts = ext.get("nemo_gym_attempts")
+    request = response._request  # may be None for hand-built responses
+    where = f"{request.method} {request.url}" if request is not None else "request"
+    if server_name:
+        where += f" (server `{server_name}`)"
+    tries = f" after {attempts} attempts" if attempts and attempts > 1 else ""
+    preview = text if len(text) <= 2000 else text[:2000] + "...[truncated]"
+    message = f"{where} failed with HTTP {response.status_code} {response.reason_phrase}{tries}: {preview}"
+    raise NeMoGymHTTPError(
+        message,
+        request=request,
+        response=response,
+        response_content=text,
+        server_name=server_name,
+        attempts=attempts,
+    )
+
+
+async def get_response_json(response: httpx.Response) -> Any:
+    """Parse the body as JSON with orjson."""
+    return orjson.loads(await _ensure_read(response))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Body and cookie encoding
+
+
+def _orjson_default(obj: Any) -> Any:
+    dump = getattr(obj, "model_dump", None)
+    if dump is not None:
+        return dump(mode="json", exclude_unset=True)
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(obj, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(obj, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+_ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+
+
+def encode_json_body(obj: Any) -> bytes:
+    """Bytes of a JSON body: pydantic models with `exclude_unset=True`, everything else with orjson."""
+    dump_json = getattr(obj, "model_dump_json", None)
+    if dump_json is not None and not isinstance(obj, type):
+        return dump_json(exclude_unset=True).encode()
+    return orjson.dumps(obj, default=_orjson_default, option=_ORJSON_OPTS)
+
+
+CookiesLike = Union[Mapping[str, Any], httpx.Cookies, SimpleCookie, None]
+
+
+def encode_cookie_header(cookies: CookiesLike) -> Optional[str]:
+    """One `Cookie` header value from a dict, `httpx.Cookies` or `SimpleCookie` (domains ignored: the
+    caller decided to send them)."""
+    if not cookies:
+        return None
+    if isinstance(cookies, httpx.Cookies):
+        pairs = [f"{c.name}={c.value}" for c in cookies.jar]
+    elif isinstance(cookies, SimpleCookie):
+        pairs = [f"{name}={morsel.coded_value}" for name, morsel in cookies.items()]
+    else:
+        pairs = []
+        for name, value in cookies.items():
+            coded = getattr(value, "coded_value", None)  # a Morsel
+            pairs.append(f"{name}={coded if coded is not None else value}")
+    return "; ".join(pairs) if pairs else None
+
+
+class _NullCookieJar(http.cookiejar.CookieJar):
+    """A cookie jar that never stores anything (for the shared `httpx.AsyncClient`)."""
+
+    def set_cookie(self, cookie):  # noqa: D401
+        return None
+
+    def extract_cookies(self, response, request):
+        return None
+
+    def add_cookie_header(self, request):
+        return None
+
+
+# --------------------------------------------------------------------------------------------------------
+# The shared transport (one per event loop per process)
+
+
+def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
+    if cfg is None:
+        return default
+    try:
+        value = cfg.get(key, default)
+    except Exception:
+        return default
+    return default if value is None else value
+
+
+def _transport_name(cfg: Any) -> str:
+    name = _cfg_get(cfg, TRANSPORT_CONFIG_KEY) or os.environ.get(TRANSPORT_ENV_VAR) or DEFAULT_TRANSPORT
+    name = str(name).strip().lower()
+    if name not in TRANSPORTS:
+        raise ValueError(
+            f"Unknown {TRANSPORT_CONFIG_KEY} / {TRANSPORT_ENV_VAR} value {name!r}; expected one of {TRANSPORTS}."
+        )
+    return name
+
+
+def _remap_aiohttp_error(exc: BaseException, request: httpx.Request) -> Optional[httpx.TransportError]:
+    """httpx_aiohttp maps every aiohttp connection error to ConnectTimeout; give them truthful httpx types
+    so retry decisions and messages are right."""
+    import aiohttp
+
+    cause = exc if isinstance(exc, aiohttp.ClientError) else exc.__cause__
+    if cause is None or not isinstance(cause, aiohttp.ClientError):
+        return None
+    text = str(cause) or type(cause).__name__
+    if isinstance(cause, aiohttp.ServerTimeoutError):
+        if isinstance(cause, aiohttp.ConnectionTimeoutError):
+            new: httpx.TransportError = httpx.ConnectTimeout(text)
+        else:
+            new = httpx.ReadTimeout(text)
+    elif isinstance(cause, aiohttp.ClientConnectorError):
+        new = httpx.ConnectError(text)
+    elif isinstance(cause, aiohttp.ServerDisconnectedError):
+        new = httpx.RemoteProtocolError(text if "disconnect" in text.lower() else f"Server disconnected: {text}")
+    elif isinstance(cause, aiohttp.ClientPayloadError):
+        new = httpx.ReadError(text)
+    elif isinstance(cause, (aiohttp.ClientOSError, aiohttp.ClientConnectionResetError)):
+        new = httpx.ReadError(text)
+    elif isinstance(cause, aiohttp.ClientResponseError):
+        new = httpx.RemoteProtocolError(text)
+    elif isinstance(cause, aiohttp.ClientConnectionError):
+        new = httpx.RemoteProtocolError(text)
+    else:
+        return None
+    new.request = request
+    new.__cause__ = cause
+    return new
+
+
+def _make_aiohttp_transport(limit: int, limit_per_host: int) -> httpx.AsyncBaseTransport:
+    import aiohttp
+    from httpx_aiohttp import AiohttpTransport
+    from httpx_aiohttp.transport import AiohttpResponseStream
+
+    class _Stream(AiohttpResponseStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            request = self._nemo_gym_request
+            try:
+                async for chunk in super().__aiter__():
+                    yield chunk
+            except (httpx.TransportError, aiohttp.ClientError) as exc:
+                new = _remap_aiohttp_error(exc, request)
+                if new is None:
+                    raise
+                raise new from new.__cause__
+
+    timeouts_cache: dict[tuple, aiohttp.ClientTimeout] = {}
+
+    def client_timeout(timeout: Mapping[str, Any]) -> aiohttp.ClientTimeout:
+        key = (timeout.get("connect"), timeout.get("read"), timeout.get("pool"))
+        value = timeouts_cache.get(key)
+        if value is None:
+            # Same mapping as httpx_aiohttp: pool -> aiohttp `connect` (waiting for a pooled connection
+            # included), connect -> `sock_connect`, read -> `sock_read`. No total timeout.
+            value = aiohttp.ClientTimeout(total=None, connect=key[2], sock_connect=key[0], sock_read=key[1])
+            if len(timeouts_cache) < 256:
+                timeouts_cache[key] = value
+        return value
+
+    class NeMoGymAiohttpTransport(AiohttpTransport):
+        """httpx_aiohttp's transport with truthful exception types, plus a buffered fast path.
+
+        Requests carrying the extension `nemo_gym_buffered=True` (ServerClient sets it; it always reads the
+        whole body) are sent with aiohttp directly and their body read in one go, skipping the per-chunk
+        streaming layers. Everything else (e.g. `client.stream(...)` on the shared AsyncClient) streams
+        through the parent implementation.
+        """
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            ext = request.extensions
+            if ext.get("nemo_gym_buffered") and isinstance(self.client, aiohttp.ClientSession):
+                try:
+                    body = request.content
+                except httpx.RequestNotRead:
+                    body = None
+                else:
+                    return await self._buffered(request, body)
+            try:
+                response = await super().handle_async_request(request)
+            except (httpx.TransportError, aiohttp.ClientError) as exc:
+                new = _remap_aiohttp_error(exc, request)
+                if new is None:
+                    raise
+                raise new from new.__cause__
+            stream = response.stream
+            if type(stream) is AiohttpResponseStream:
+                stream.__class__ = _Stream
+                stream._nemo_gym_request = request  # type: ignore[attr-defined]
+            return response
+
+        async def _buffered(self, request: httpx.Request, body: bytes) -> httpx.Response:
+            try:
+                resp = await self.client.request(
+                    request.method,
+                    str(request.url),
+                    headers=request.headers.multi_items(),
+                    data=body or None,
+                    allow_redirects=False,
+                    auto_decompress=False,
+                    compress=False,
+                    timeout=client_timeout(request.extensions.get("timeout") or {}),
+                )
+                try:
+                    content = await resp.read()
+                finally:
+                    resp.release()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                new = _remap_aiohttp_error(exc, request)
+                if new is None:
+                    raise
+                raise new from exc
+            extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
+            if resp.reason:
+                extensions["reason_phrase"] = resp.reason.encode()
+            return httpx.Response(
+                resp.status,
+                headers=resp.raw_headers,
+                stream=httpx.ByteStream(content),
+                request=request,
+                extensions=extensions,
+            )
+
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit_per_host)
+    session = aiohttp.ClientSession(
+        connector=connector,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        timeout=aiohttp.ClientTimeout(total=None),
+        # Local traffic: no compression negotiation, no UA; httpx decodes whatever the server sends.
+        skip_auto_headers=("Accept-Encoding", "User-Agent"),
+    )
+    return NeMoGymAiohttpTransport(client=session, trust_env=False)
+
+
+def _make_httpx_transport(limit: int, limit_per_host: int) -> httpx.AsyncBaseTransport:
+    # httpcore has one pool for all hosts: size it so requests never wait in its (quadratic) queue.
+    return httpx.AsyncHTTPTransport(
+        limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit_per_host),
+        trust_env=False,
+    )
+
+
+def build_transport(
+    name: str = DEFAULT_TRANSPORT,
+    limit: int = DEFAULT_CONNECTOR_LIMIT,
+    limit_per_host: int = DEFAULT_CONNECTOR_LIMIT_PER_HOST,
+) -> httpx.AsyncBaseTransport:
+    """A new transport of the kind the shared client uses (`aiohttp` or `httpx`). Call inside a running loop."""
+    if name == "aiohttp":
+        return _make_aiohttp_transport(limit, limit_per_host)
+    if name == "httpx":
+        return _make_httpx_transport(limit, limit_per_host)
+    raise ValueError(f"Unknown transport {name!r}; expected one of {TRANSPORTS}.")
+
+
+@dataclass(eq=False)
+class _LoopState:
+    loop: asyncio.AbstractEventLoop
+    transport: httpx.AsyncBaseTransport
+    transport_name: str
+    debug: bool = False
+    client: Optional[httpx.AsyncClient] = None
+    closer: Any = None
+    closed: bool = False
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.client is not None:
+                await self.client.aclose()  # closes the transport too
+            else:
+                await self.transport.aclose()
+        except Exception:  # pragma: no cover - best effort at shutdown
+            logger.debug("closing the shared HTTP transport failed", exc_info=True)
+
+
+_states: dict[int, _LoopState] = {}
+_states_lock = threading.Lock()
+_last_state: Optional[_LoopState] = None
+
+
+async def _closer_gen(state: _LoopState) -> AsyncIterator[None]:
+    # Registered with the loop's async-generator hooks; `loop.shutdown_asyncgens()` (asyncio.run, uvicorn,
+    # pytest-asyncio runners) closes it, which closes the transport while the loop can still run I/O.
+    try:
+        yield
+    finally:
+        await state.aclose()
+        with _states_lock:
+            if _states.get(id(state.loop)) is state:
+                del _states[id(state.loop)]
+
+
+def _get_state(cfg: Any = None) -> _LoopState:
+    global _last_state
+    loop = asyncio.get_running_loop()
+    state = _last_state
+    if state is not None and state.loop is loop and not state.closed:
+        return state
+    with _states_lock:
+        state = _states.get(id(loop))
+        if state is not None and (state.loop is not loop or state.closed):
+            state = None
+        if state is None:
+            for key, other in list(_states.items()):  # forget loops that are gone
+                if other.loop.is_closed() or other.closed:
+                    del _states[key]
+            name = _transport_name(cfg)
+            limit = int(_cfg_get(cfg, "global_aiohttp_connector_limit", DEFAULT_CONNECTOR_LIMIT))
+            per_host = int(
+                _cfg_get(cfg, "global_aiohttp_connector_limit_per_host", DEFAULT_CONNECTOR_LIMIT_PER_HOST)
+            )
+            transport = build_transport(name, limit, per_host)
+            state = _LoopState(
+                loop=loop,
+                transport=transport,
+                transport_name=name,
+                debug=bool(_cfg_get(cfg, "global_aiohttp_client_request_debug", False)),
+            )
+            # Start the closer generator synchronously up to its `yield` (it awaits nothing before it);
+            # `__anext__()` registers it with the running loop's firstiter hook.
+            closer = _closer_gen(state)
+            step = closer.__anext__()
+            try:
+                step.send(None)
+            except StopIteration:
+                pass
+            state.closer = closer
+            _states[id(loop)] = state
+        _last_state = state
+    return state
+
+
+async def get_global_transport(global_config_dict: Any = None) -> httpx.AsyncBaseTransport:
+    """The shared transport of the running event loop (created on first use)."""
+    return _get_state(global_config_dict).transport
+
+
+async def get_global_client(global_config_dict: Any = None) -> httpx.AsyncClient:
+    """An `httpx.AsyncClient` over the shared transport (never stores cookies, no client timeout beyond
+    connect 10 s). For ad-hoc calls to URLs that are not servers of the config."""
+    state = _get_state(global_config_dict)
+    if state.client is None:
+        state.client = httpx.AsyncClient(
+            transport=state.transport,
+            cookies=_NullCookieJar(),  # kept as the jar itself (a Cookies would be copied into a real jar)
+            timeout=DEFAULT_TIMEOUT,
+            follow_redirects=False,
+            trust_env=False,
+        )
+    return state.client
+
+
+async def close_global_client() -> None:
+    """Close the running loop's shared transport/client (a later request creates a fresh one)."""
+    global _last_state
+    loop = asyncio.get_running_loop()
+    with _states_lock:
+        state = _states.pop(id(loop), None)
+        if _last_state is state:
+            _last_state = None
+    if state is None or state.loop is not loop:
+        return
+    closer = state.closer
+    state.closer = None
+    if closer is not None:
+        await closer.aclose()  # runs the generator's finally -> state.aclose()
+    await state.aclose()
+
+
+def _close_all_at_exit() -> None:
+    with _states_lock:
+        states = list(_states.values())
+        _states.clear()
+    for state in states:
+        loop = state.loop
+        if state.closed or loop.is_closed() or loop.is_running():
+            continue
+        try:
+            loop.run_until_complete(state.aclose())
+        except Exception:  # pragma: no cover
+            pass
+
+
+atexit.register(_close_all_at_exit)
+
+
+# --------------------------------------------------------------------------------------------------------
+# ServerClient
+
+
+def _get_field(obj: Any, name: str) -> Any:
+    if _is_mapping(obj):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _is_mapping(obj: Any) -> bool:
+    if isinstance(obj, Mapping):
+        return True
+    try:
+        from omegaconf import DictConfig
+
+        return isinstance(obj, DictConfig)
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def _known_server_ids(cfg: Any) -> list[str]:
+    ids = []
+    try:
+        items = list(cfg.items())
+    except Exception:
+        return ids
+    for key, block in items:
+        try:
+            if not _is_mapping(block):
+                continue
+            for _server_type, impls in block.items():
+                if _is_mapping(impls) and any(_is_mapping(v) for v in impls.values()):
+                    ids.append(str(key))
+                    break
+        except Exception:  # unresolved interpolation etc.
+            continue
+    return ids
+
+
+def _backoff_delay(attempt: int, base: float, cap: float) -> float:
+    return random.uniform(0.0, min(cap, base * (2 ** (attempt - 1))))
+
+
+def _retry_after_seconds(response: httpx.Response) -> Optional[float]:
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def _coerce_timeout(timeout: Any) -> dict:
+    if isinstance(timeout, httpx.Timeout):
+        return timeout.as_dict()
+    if hasattr(timeout, "sock_read") and hasattr(timeout, "total"):  # an aiohttp.ClientTimeout (reference code)
+        read = timeout.sock_read if timeout.sock_read is not None else timeout.total
+        connect = timeout.sock_connect if timeout.sock_connect is not None else timeout.connect
+        return httpx.Timeout(connect=connect, read=read, write=read, pool=timeout.connect).as_dict()
+    return httpx.Timeout(timeout).as_dict()
+
+
+class ServerClient:
+    """Calls other servers of the stack by server id.
+
+    `head_server_config`: anything with `host`/`port` (attributes or keys) - the head server (used by
+    `load_from_global_config` and kept for reference compatibility). `global_config_dict`: the global config
+    (dict or DictConfig); `None` means this process's config (`nemo_gym.global_config.get_global_config_dict()`),
+    loaded on first use.
+    """
+
+    def __init__(
+        self,
+        head_server_config: Any = None,
+        global_config_dict: Any = None,
+        *,
+        timeout: Union[float, httpx.Timeout, None] = DEFAULT_TIMEOUT,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff_base: float = DEFAULT_BACKOFF_BASE,
+        backoff_max: float = DEFAULT_BACKOFF_MAX,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        self.head_server_config = head_server_config
+        self._global_config_dict = global_config_dict
+        self._timeout_dict = _coerce_timeout(timeout)
+        self.timeout = httpx.Timeout(**self._timeout_dict)
+        self.max_attempts = int(max_attempts)
+        self.backoff_base = float(backoff_base)
+        self.backoff_max = float(backoff_max)
+        self._base_urls: dict[str, str] = {}
+        self._urls: dict[tuple[str, str], httpx.URL] = {}  # parsed URLs per (server, path): parsing is costly
+        # A transport of your own (tests: httpx.MockTransport; benchmarks); None = the shared one per loop.
+        self._transport = transport
+
+    # -- config -------------------------------------------------------------------------------------------
+
+    @property
+    def global_config_dict(self) -> Any:
+        if self._global_config_dict is None:
+            from nemo_gym.global_config import get_global_config_dict
+
+            self._global_config_dict = get_global_config_dict()
+        return self._global_config_dict
+
+    @global_config_dict.setter
+    def global_config_dict(self, value: Any) -> None:
+        self._global_config_dict = value
+        self._base_urls.clear()
+        self._urls.clear()
+
+    def base_url(self, server_name: str) -> str:
+        """`http://host:port` of a server id (cached)."""
+        url = self._base_urls.get(server_name)
+        if url is None:
+            url = self._resolve_base_url(server_name)
+            self._base_urls[server_name] = url
+        return url
+
+    def _build_url(self, server_name: str, url_path: str) -> httpx.URL:
+        base = self.base_url(server_name)
+        path = url_path if not url_path or url_path.startswith("/") else "/" + url_path
+        url = httpx.URL(base + path)
+        if len(self._urls) >= 4096:  # paths with ids in them: keep the cache bounded
+            self._urls.clear()
+        self._urls[(server_name, url_path)] = url
+        return url
+
+    def _resolve_base_url(self, server_name: str) -> str:
+        cfg = self.global_config_dict
+        block = None
+        try:
+            if server_name in cfg:
+                block = cfg[server_name]
+        except Exception:
+            block = None
+        if block is None or not _is_mapping(block):
+            known = _known_server_ids(cfg)
+            import difflib
+
+            hint = difflib.get_close_matches(str(server_name), known, n=1)
+            did_you_mean = f" Did you mean `{hint[0]}`?" if hint else ""
+            raise ValueError(
+                f"Unknown server `{server_name}`: no such server id in the global config.{did_you_mean} "
+                f"Known server ids: {', '.join(sorted(known)) or '(none)'}."
+            )
+        impl_cfg = None
+        try:
+            from nemo_gym.global_config import get_first_server_config_dict
+
+            impl_cfg = get_first_server_config_dict(cfg, server_name)
+        except Exception:
+            impl_cfg = None
+        if impl_cfg is None:
+            for _server_type, impls in block.items():
+                if _is_mapping(impls):
+                    for _impl, c in impls.items():
+                        if _is_mapping(c):
+                            impl_cfg = c
+                            break
+                if impl_cfg is not None:
+                    break
+        host = impl_cfg.get("host") if impl_cfg is not None else None
+        port = impl_cfg.get("port") if impl_cfg is not None else None
+        if host is None or port is None:
+            raise ValueError(
+                f"Server `{server_name}` has no host/port in the global config (expected "
+                f"`{server_name}.<server_type>.<impl>.host/port`). Start the stack with `ng_run` so ports are "
+                f"assigned, or set them explicitly."
+            )
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in str(host) and not str(host).startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{int(port)}"
+
+    @classmethod
+    def load_from_global_config(cls, head_server_config: Any = None, **kwargs: Any) -> "ServerClient":
+        """Fetch the global config from the head server and build a client from it.
+
+        `head_server_config` defaults to `head_server` of this process's config (127.0.0.1:11000).
+        """
+        if head_server_config is None:
+            try:
+                from nemo_gym.global_config import get_global_config_dict
+
+                head_server_config = get_global_config_dict().get("head_server")
+            except Exception:
+                head_server_config = None
+            if head_server_config is None:
+                head_server_config = {"host": "127.0.0.1", "port": 11000}
+        host = _get_field(head_server_config, "host") or "127.0.0.1"
+        port = _get_field(head_server_config, "port") or 11000
+        url_host = f"[{host}]" if ":" in str(host) and not str(host).startswith("[") else host
+        url = f"http://{url_host}:{int(port)}/global_config_dict_yaml"
+        try:
+            response = httpx.get(url, timeout=httpx.Timeout(30.0, connect=10.0), trust_env=False)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ValueError(
+                f"Could not reach the NeMo Gym head server at {host}:{port} ({exc}). Is it running? Start the "
+                f"stack with `ng_run`, or point to it with `+head_server.host=<host> +head_server.port=<port>`."
+            ) from exc
+        if response.status_code >= 400:
+            raise ValueError(
+                f"The head server at {host}:{port} answered {url} with HTTP {response.status_code}: "
+                f"{response.text[:500]}"
+            )
+        global_config_dict = _parse_config_body(response.content)
+        return cls(head_server_config=head_server_config, global_config_dict=global_config_dict, **kwargs)
+
+    # -- requests -----------------------------------------------------------------------------------------
+
+    async def get(self, server_name: str, url_path: str, **kwargs: Any) -> httpx.Response:
+        return await self.request(server_name, url_path, "GET", **kwargs)
+
+    async def post(self, server_name: str, url_path: str, **kwargs: Any) -> httpx.Response:
+        return await self.request(server_name, url_path, "POST", **kwargs)
+
+    async def request(
+        self,
+        server_name: str,
+        url_path: str,
+        method: str = "GET",
+        *,
+        json: Any = None,
+        content: Union[bytes, str, None] = None,
+        data: Union[bytes, str, None] = None,
+        cookies: CookiesLike = None,
+        headers: Optional[Mapping[str, str]] = None,
+        params: Any = None,
+        timeout: Union[float, httpx.Timeout, None] = _NO_TIMEOUT_OVERRIDE,
+        max_attempts: Optional[int] = None,
+    ) -> httpx.Response:
+        """Send `method` to `url_path` of server `server_name` and return the fully read response.
+
+        Retries as described in the module docstring; `max_attempts` overrides the client's bound for one
+        call. The response is returned for every status (use `raise_for_status`)."""
+        url = self._urls.get((server_name, url_path))
+        if url is None:
+            url = self._build_url(server_name, url_path)
+
+        header_list: list[tuple[str, str]] = []
+        body: Optional[bytes] = None
+        if json is not None:
+            body = encode_json_body(json)
+            header_list.extend(_JSON_HEADERS)
+        elif content is not None or data is not None:
+            raw = content if content is not None else data
+            body = raw.encode() if isinstance(raw, str) else raw
+        if headers:
+            header_list.extend(headers.items())
+        if cookies:
+            cookie_header = encode_cookie_header(cookies)
+            if cookie_header:
+                header_list.append(("cookie", cookie_header))
+
+        timeout_dict = self._timeout_dict if timeout is _NO_TIMEOUT_OVERRIDE else _coerce_timeout(timeout)
+        request = httpx.Request(
+            method,
+            url,
+            params=params,
+            headers=header_list,
+            content=body,
+            extensions={"timeout": timeout_dict, "nemo_gym_buffered": True},
+        )
+        if self._transport is not None:
+            transport, debug = self._transport, False
+        else:
+            state = _get_state(self._global_config_dict)
+            transport, debug = state.transport, state.debug
+        attempts = self.max_attempts if max_attempts is None else max(1, int(max_attempts))
+
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = await transport.handle_async_request(request)
+                try:
+                    await response.aread()
+                except BaseException:
+                    await response.aclose()
+                    raise
+            except RETRY_EXCEPTIONS as exc:
+                if attempt >= attempts:
+                    raise self._final_error(exc, server_name, request, attempt, debug) from exc
+                await asyncio.sleep(_backoff_delay(attempt, self.backoff_base, self.backoff_max))
+                continue
+            except httpx.TransportError as exc:  # timeouts etc.: not retried
+                raise self._final_error(exc, server_name, request, attempt, debug) from exc
+
+            if response.status_code in RETRY_STATUSES and attempt < attempts:
+                delay = _backoff_delay(attempt, self.backoff_base, self.backoff_max)
+                retry_after = _retry_after_seconds(response)
+                if retry_after is not None:
+                    delay = max(delay, min(retry_after, self.backoff_max))
+                await asyncio.sleep(delay)
+                continue
+
+            ext = response.extensions
+            ext["nemo_gym_server_name"] = server_name
+            ext["nemo_gym_attempts"] = attempt
+            if debug and response.status_code >= 400:
+                logger.warning(
+                    "%s %s (server `%s`) -> HTTP %s after %d attempt(s); request body: %r; response body: %r",
+                    method, url, server_name, response.status_code, attempt, body, response.content,
+                )
+            return response
+
+    @staticmethod
+    def _final_error(
+        exc: httpx.TransportError, server_name: str, request: httpx.Request, attempts: int, debug: bool
+    ) -> httpx.TransportError:
+        detail = str(exc)
+        tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
+        message = f"{request.method} {request.url} (server `{server_name}`) failed {tries}: {type(exc).__name__}"
+        if detail and detail != type(exc).__name__:
+            message += f": {detail}"
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+            message += ". Is that server running and reachable at this address?"
+        try:
+            new = type(exc)(message, request=request)
+        except Exception:  # pragma: no cover - unusual subclass signature
+            new = httpx.TransportError(message, request=request)
+        new.server_name = server_name  # type: ignore[attr-defined]
+        new.url = str(request.url)  # type: ignore[attr-defined]
+        new.attempts = attempts  # type: ignore[attr-defined]
+        if debug:
+            logger.warning("%s", message, exc_info=exc)
+        return new
+
+
+def _parse_config_body(body: bytes) -> Any:
+    """The head server body: a JSON string literal holding YAML (reference behaviour), or raw YAML."""
+    text: Any
+    try:
+        text = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = body.decode("utf-8")
+    if isinstance(text, str):
+        try:
+            from omegaconf import OmegaConf
+
+            return OmegaConf.create(text)
+        except ImportError:  # pragma: no cover
+            import yaml
+
+            return yaml.safe_load(text)
+    # A JSON object was served directly.
+    try:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.create(text)
+    except ImportError:  # pragma: no cover
+        return text
