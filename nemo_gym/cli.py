@@ -54,7 +54,6 @@ NOT_AVAILABLE = {
     "collect_rollouts": "the collection issue",
     "e2e_collect_rollouts": "the collection issue",
     "reward_profile": "the collection issue",
-    "prepare_data": "the collection issue",
     "test": "the environment-library issue",
     "test_all": "the environment-library issue",
     "init_resources_server": "the environment-library issue",
@@ -220,7 +219,15 @@ def _not_available(command: str) -> Callable[[list[str]], int]:
     return inner
 
 
+@cli_errors("prepare_data")
+def _prepare_data(args: list[str]) -> int:
+    from nemo_gym.train_data_utils import prepare_data_main
+
+    return prepare_data_main(args)
+
+
 HANDLERS: dict[str, Callable[[list[str]], int]] = {
+    "prepare_data": _prepare_data,
     "run": _run,
     "status": _status,
     "dump_config": _dump_config,
