@@ -432,7 +432,7 @@ def test_is_nemo_gym_fastapi_entrypoint(monkeypatch, tmp_path):
 
 SERVER_APP = textwrap.dedent(
     """
-    import sys, threading
+    import os, sys, threading, time
     from fastapi import FastAPI, Request
     from nemo_gym.base_resources_server import BaseResourcesServerConfig, BaseVerifyRequest, BaseVerifyResponse
     from nemo_gym.base_resources_server import SimpleResourcesServer
@@ -452,7 +452,12 @@ SERVER_APP = textwrap.dedent(
             app = super().setup_webserver()
             app.post("/hello")(self.hello)
             app.post("/fail")(self.fail)
+            app.post("/block")(self.block)
             return app
+
+        async def block(self, request: Request) -> dict:
+            time.sleep(0.5)  # blocks this worker's event loop: a call arriving meanwhile goes to the other worker
+            return {"pid": os.getpid(), "session_id": request.session[SESSION_ID_KEY]}
 
         async def hello(self, request: Request) -> dict:
             print(f"hello from {request.session[SESSION_ID_KEY]}")
@@ -646,11 +651,29 @@ def test_run_webserver_multiple_workers_share_the_socket_and_session_secret(chil
     cookie_name = "ChildServer___my_child"
     first = httpx.post(f"{c.url}/hello", json={})
     session_id = first.json()["session_id"]
-    # New connection every call, so the calls spread over both workers; the session survives either way.
-    for _ in range(8):
-        r = httpx.post(f"{c.url}/hello", json={}, cookies={cookie_name: first.cookies[cookie_name]})
-        assert r.status_code == 200 and r.json()["session_id"] == session_id
-    pids = {line.split("[")[1].split("]")[0] for line in c.lines if "Started server process" in line}
-    assert len(pids) == 2, c.output
+    cookies = {cookie_name: first.cookies[cookie_name]}
+
+    async def blocked_calls() -> list[dict]:
+        # A worker whose loop is blocked cannot accept, so staggered calls spread over both workers. Timing
+        # on a loaded machine is not guaranteed, so keep going (bounded) until both workers have answered.
+        async def call(delay: float) -> dict:
+            await asyncio.sleep(delay)
+            async with httpx.AsyncClient(timeout=60, cookies=cookies) as client:
+                return (await client.post(f"{c.url}/block", json={})).json()
+
+        results: list[dict] = []
+        for _ in range(10):
+            results += await asyncio.gather(*(call(0.15 * i) for i in range(4)))
+            if len({r["pid"] for r in results}) == 2:
+                break
+        return results
+
+    results = asyncio.run(blocked_calls())
+    assert len({r["pid"] for r in results}) == 2, results
+    assert {r["session_id"] for r in results} == {session_id}  # both workers accept the same cookie
+    started = {line.split("[")[1].split("]")[0] for line in c.lines if "Started server process" in line}
+    assert len(started) == 2, c.output
     assert c.stop(signal.SIGINT, group=True) == 0
     assert "KeyboardInterrupt" not in c.output
+    assert not any('" 200' in line for line in c.lines), c.output  # workers hide 200 access lines too
+    assert any("Started server process" in line and line.startswith("(my_child) ") for line in c.lines)

@@ -76,6 +76,17 @@ def test_reference_style_forgery_is_rejected():
     assert decode_session_cookie(forged, NAME, SECRET) is None
 
 
+@pytest.mark.parametrize("key_len", [0, 1, 32, 64, 65, 200])
+def test_precomputed_hmac_matches_the_standard_library(key_len):
+    import hashlib
+    import hmac
+
+    key = bytes(range(256))[:key_len] if key_len <= 256 else b""
+    mac = sessions._HmacSha256(key)
+    for message in (b"", b"x", b"Name___id|" + b"p" * 300):
+        assert mac.digest(message) == hmac.digest(key, message, hashlib.sha256)
+
+
 def test_non_dict_payload_is_rejected():
     payload = base64.urlsafe_b64encode(b"[1, 2]").rstrip(b"=")
     sig = sessions._sign(SECRET, NAME.encode(), payload)
