@@ -128,6 +128,22 @@ def test_stack_starts_runs_a_rollout_and_stops_cleanly_on_sigint(fake_backend):
         config_text = httpx.get(f"http://127.0.0.1:{head_port}/global_config_dict_yaml?raw=true", timeout=5).text
         assert "dummy-key" not in config_text and "****" in config_text
 
+        # External clients find every server through the head server alone.
+        from nemo_gym.server_client import ServerClient
+
+        client = ServerClient.load_from_global_config({"host": "127.0.0.1", "port": head_port})
+        assert client.global_config_dict["counter_agent"]["responses_api_agents"]["loop_agent"]["port"] == (
+            servers["counter_agent"]["port"]
+        )
+
+        status = subprocess.run(
+            [sys.executable, "-c", "from nemo_gym.cli import status; status()", f"+head_server.port={head_port}"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert status.returncode == 0, status.stderr
+        assert "3 / 3 servers healthy" in status.stdout
+        assert "counter_resources_server" in status.stdout
+
         pids = [info["pid"] for info in servers.values()]
         ports = [info["port"] for info in servers.values()]
     finally:
@@ -255,3 +271,14 @@ def test_isolated_venv_server_runs_from_its_own_venv(fake_backend, tmp_path):
         assert httpx.post(servers["counter_agent"]["url"] + "/run", json=row, timeout=60).json()["reward"] == 1.0
     finally:
         assert stack.stop() == 0, stack.output
+
+
+def test_dry_run_prepares_and_starts_nothing():
+    head_port = free_port()
+    stack = Stack(["+config_paths=[configs/crashing.yaml]", "+dry_run=true", f"+head_server.port={head_port}"])
+    code = stack.proc.wait(timeout=120)
+    stack._reader.join(timeout=5)
+    assert code == 0, stack.output
+    assert "Dry run" in stack.output
+    assert "simulated start-up failure" not in stack.output  # the server itself never ran
+    assert port_is_free(head_port)
