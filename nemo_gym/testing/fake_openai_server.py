@@ -1,14 +1,84 @@
 """A fake LLM backend: a real OpenAI-compatible HTTP server with scripted, deterministic replies.
 
 The LLM is the only part tests may fake (no model is reachable here), and it is faked behind real HTTP so every
-framework part in front of it runs for real. Behaviour, for both `/v1/responses` and `/v1/chat/completions`:
+framework part in front of it runs for real. It serves `POST /v1/responses`, `POST /v1/chat/completions`,
+`GET /v1/models` and `GET /health`. Run it with `python -m nemo_gym.testing.fake_openai_server --port 8000` and
+point a model server at `http://127.0.0.1:8000/v1`. `--latency-ms` adds a fixed delay per call (benchmarks).
 
+Default mode (no `--script` / `--replay`)
+-----------------------------------------
 - if the request offers tools and the conversation has no tool result yet, call the first tool with the arguments
-  given by `--tool-args` (JSON, default `{}`);
-- otherwise answer with the message `<reply-prefix><last user text>`.
+  given by `--tool-args` (JSON text, default `{}`, sent verbatim);
+- otherwise answer with the message `<--reply-prefix><last user text>`.
 
-`--latency-ms` adds a fixed delay per call (for benchmarks). Run: `python -m nemo_gym.testing.fake_openai_server
---port 8000` and point a model server at `http://127.0.0.1:8000/v1`.
+Scripted mode: `--script rules.json` or `rules.jsonl`
+---------------------------------------------------
+A list of rules: a `.json` file holding a list (or `{"rules": [...]}`), or a `.jsonl` file with one rule per line
+(blank lines skipped). For each request the **first** rule whose `match` holds is used. A request that no rule
+matches gets HTTP 400 whose message lists what the request looked like (so a scripting mistake is obvious and is
+not retried as a 5xx would be). A rule with no `match` matches everything (put it last as a fallback).
+
+A rule::
+
+    {"name": "optional label (echoed in the x-fake-rule response header)",
+     "match": {...conditions, all must hold...},
+     "times": 2,                     # optional: the rule is used at most this many times, then skipped
+     ...a reply (below), or "replies": [reply, reply, ...] chosen by the conversation's step...}
+
+Match conditions (unknown keys are an error when the script loads):
+
+=============================  ===========================================================================
+`endpoint`                     `"responses"` or `"chat_completions"`
+`step`                         model call number within the current turn: 1 + the number of model turns after
+                               the last user message (Responses: runs of consecutive generated items -
+                               function_call, reasoning, assistant message - split further where the reply
+                               number in ids this server generated changes; Chat: assistant messages). int, or
+                               `{"min": a, "max": b}` (either bound optional). Stateless: derived from the input,
+                               so concurrent and retried conversations all count right.
+`tool_outputs`                 number of tool results in the input (function_call_output items / `tool`
+                               messages), int or `{"min", "max"}`
+`last_user_contains`           substring of the last user message's text
+`last_user_regex`              `re.search` pattern on the last user message's text
+`input_contains`               substring of any message text or tool output in the input
+`last_tool_output_contains`    substring of the most recent tool result
+`metadata`                     dict: every key must equal the request's `metadata[key]`
+`params`                       dict: every key must equal the request's top-level value (`temperature`,
+                               `model`, `seed`, `max_output_tokens`, ...)
+`tools_include`                a tool name or list of names that must all be offered in `tools`
+`has_tools`                    bool: whether any tool is offered
+=============================  ===========================================================================
+
+A reply (all keys optional):
+
+- `output`: list of Responses output items. Shorthands are expanded (ids filled when absent):
+  a plain string or `{"type": "message", "text": "..."}` -> an assistant message with one `output_text` part;
+  `{"type": "function_call", "name": "tool", "arguments": ...}` -> a function call; `arguments` is sent
+  **verbatim** when it is a string (so malformed JSON like `"{\\"count\\": "` is possible) and JSON-encoded
+  otherwise; any `name` (an unknown tool, too); `{"type": "reasoning", "text": "..."}` -> a reasoning item with
+  one summary part. Other items (full messages, items with extra fields such as token ids) pass through as given.
+  Strings may use the placeholders `{{last_user}}`, `{{last_tool_output}}`, `{{step}}`, `{{tool_outputs}}`.
+- `usage`: Responses usage (`input_tokens`, `output_tokens`, `total_tokens`, details...) or `null` to send
+  `"usage": null`; absent -> 10 in / 5 out. On `/v1/chat/completions` it becomes `prompt_tokens` /
+  `completion_tokens` / `total_tokens` (a dict already in Chat form is sent as is).
+- `incomplete_details`: e.g. `{"reason": "max_output_tokens"}`; the response then has `status: "incomplete"`
+  and the Chat `finish_reason` is `length`.
+- `finish_reason`: Chat only, overrides the derived one (`tool_calls` / `length` / `stop`).
+- `response`: dict merged over the top level of the Responses object (e.g. `{"model": "x", "status": "failed"}`).
+- `status` (>= 400) with optional `body`: answer with that HTTP status and body (default: an OpenAI-style
+  `{"error": {"message": ..., "type": "scripted_error", ...}}`, the message taken from `error_message`).
+- `latency_ms`: extra delay for this reply.
+
+`replies`: a list of replies; step 1 gets `replies[0]`, step 2 `replies[1]`, ...; a step past the end gets HTTP 400.
+
+On `/v1/chat/completions` the output items become one assistant message: message texts joined into `content`,
+reasoning summaries joined into `reasoning_content` (vLLM's reasoning-parser field), function calls into
+`tool_calls` (`id` = `call_id`).
+
+Replay mode: `--replay replies.jsonl`
+-------------------------------------
+One reply per line, served by step: the first model call of every conversation gets line 1, the second line 2,
+and so on. A line is a reply as above, or a whole Responses object (`"object": "response"`, served with its own
+fields). This is a catch-all rule `{"replies": [...lines]}` placed after the `--script` rules, if any.
 """
 
 from __future__ import annotations
@@ -16,8 +86,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import re
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterable, Optional, Union
 
 import orjson
 from starlette.applications import Starlette
@@ -25,27 +97,62 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+__all__ = ["build_app", "load_rules", "load_replay", "ScriptError", "main"]
+
 _ids = itertools.count(1)
 
+_MATCH_KEYS = frozenset(
+    {
+        "endpoint",
+        "step",
+        "tool_outputs",
+        "last_user_contains",
+        "last_user_regex",
+        "input_contains",
+        "last_tool_output_contains",
+        "metadata",
+        "params",
+        "tools_include",
+        "has_tools",
+    }
+)
+_REPLY_KEYS = frozenset(
+    {"output", "usage", "incomplete_details", "finish_reason", "response", "status", "body", "error_message", "latency_ms"}
+)
+_RULE_KEYS = _REPLY_KEYS | {"name", "match", "times", "replies"}
+_GENERATED_TYPES = frozenset({"function_call", "reasoning"})
+_OWN_ID = re.compile(r"^(?:msg|fc|rs)_(\d+)_\d+$")  # ids of items generated by scripted replies
+_PLACEHOLDERS = ("{{last_user}}", "{{last_tool_output}}", "{{step}}", "{{tool_outputs}}")
 
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+class ScriptError(ValueError):
+    """A script or replay file that cannot be used (named with the file, rule and key)."""
 
 
-def _last_user_text_responses(items: Any) -> str:
-    if isinstance(items, str):
-        return items
-    for item in reversed(items or []):
-        if item.get("role") == "user":
-            content = item.get("content")
-            if isinstance(content, str):
-                return content
-            return "".join(part.get("text", "") for part in content or [])
-    return ""
+def _json(data: Any, status: int = 200, headers: Optional[dict] = None) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json", headers=headers)
 
 
-def _has_tool_result_responses(items: Any) -> bool:
-    return not isinstance(items, str) and any(i.get("type") == "function_call_output" for i in items or [])
+def _error_body(message: str, kind: str) -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def _text_of(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict):
+                text = part.get("text")
+                if isinstance(text, str):
+                    parts.append(text)
+        return "".join(parts)
+    return str(content)
 
 
 def _usage_responses(n_in: int, n_out: int) -> dict:
@@ -58,17 +165,454 @@ def _usage_responses(n_in: int, n_out: int) -> dict:
     }
 
 
-def build_app(*, tool_args: str = "{}", reply_prefix: str = "echo: ", latency_ms: float = 0.0) -> Starlette:
+# --------------------------------------------------------------------------------------------------------
+# What a request looks like (computed once per request, for both endpoints)
+
+
+class _View:
+    __slots__ = ("endpoint", "body", "last_user", "last_tool_output", "tool_outputs", "step", "texts", "tool_names")
+
+    def __init__(self, endpoint: str, body: dict) -> None:
+        self.endpoint = endpoint
+        self.body = body
+        self.last_user = ""
+        self.last_tool_output: Optional[str] = None
+        self.tool_outputs = 0
+        self.step = 1
+        self.texts: list[str] = []
+        self.tool_names: list[str] = []
+
+    @property
+    def summary(self) -> dict:
+        return {
+            "endpoint": self.endpoint,
+            "step": self.step,
+            "tool_outputs": self.tool_outputs,
+            "last_user": self.last_user[:200],
+            "last_tool_output": None if self.last_tool_output is None else self.last_tool_output[:200],
+            "tools": self.tool_names,
+            "metadata": self.body.get("metadata"),
+        }
+
+
+def _responses_view(body: dict) -> _View:
+    view = _View("responses", body)
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    turns_since_user = 0
+    in_run = False
+    run_reply: Optional[str] = None
+    for item in items or ():
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        role = item.get("role")
+        if kind in _GENERATED_TYPES or (role == "assistant" and kind in (None, "message")):
+            # Items this server generated carry the reply number in their id: a change starts a new model turn
+            # even without a tool result in between (e.g. a reasoning-only reply followed by a message).
+            found = _OWN_ID.match(item.get("id") or "") if isinstance(item.get("id"), str) else None
+            reply = found.group(1) if found else None
+            if not in_run or (reply is not None and run_reply is not None and reply != run_reply):
+                turns_since_user += 1
+                in_run = True
+                run_reply = None
+            if reply is not None:
+                run_reply = reply
+            if role == "assistant":
+                view.texts.append(_text_of(item.get("content")))
+            continue
+        in_run = False
+        if kind == "function_call_output":
+            text = _text_of(item.get("output"))
+            view.tool_outputs += 1
+            view.last_tool_output = text
+            view.texts.append(text)
+        elif role is not None:
+            text = _text_of(item.get("content"))
+            view.texts.append(text)
+            if role == "user":
+                view.last_user = text
+                turns_since_user = 0
+    view.step = turns_since_user + 1
+    view.tool_names = [t.get("name") for t in body.get("tools") or () if isinstance(t, dict) and t.get("name")]
+    return view
+
+
+def _chat_view(body: dict) -> _View:
+    view = _View("chat_completions", body)
+    turns_since_user = 0
+    for message in body.get("messages") or ():
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        text = _text_of(message.get("content"))
+        view.texts.append(text)
+        if role == "assistant":
+            turns_since_user += 1
+        elif role == "tool":
+            view.tool_outputs += 1
+            view.last_tool_output = text
+        elif role == "user":
+            view.last_user = text
+            turns_since_user = 0
+    view.step = turns_since_user + 1
+    names = []
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict):
+            fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+            if fn.get("name"):
+                names.append(fn["name"])
+    view.tool_names = names
+    return view
+
+
+# --------------------------------------------------------------------------------------------------------
+# Rules
+
+
+def _count_matcher(where: str, spec: Any):
+    if isinstance(spec, bool) or not isinstance(spec, (int, dict)):
+        raise ScriptError(f"{where}: expected an int or {{\"min\": .., \"max\": ..}}, got {spec!r}")
+    if isinstance(spec, int):
+        return lambda n: n == spec
+    unknown = set(spec) - {"min", "max"}
+    if unknown:
+        raise ScriptError(f"{where}: unknown keys {sorted(unknown)} (use min / max)")
+    lo, hi = spec.get("min"), spec.get("max")
+    return lambda n: (lo is None or n >= lo) and (hi is None or n <= hi)
+
+
+def _compile_match(where: str, match: Any) -> list:
+    if match is None:
+        return []
+    if not isinstance(match, dict):
+        raise ScriptError(f"{where}: `match` must be an object, got {match!r}")
+    unknown = set(match) - _MATCH_KEYS
+    if unknown:
+        raise ScriptError(f"{where}: unknown match keys {sorted(unknown)}; known: {sorted(_MATCH_KEYS)}")
+    checks = []
+    for key, want in match.items():
+        at = f"{where}.match.{key}"
+        if key == "endpoint":
+            if want not in ("responses", "chat_completions"):
+                raise ScriptError(f"{at}: expected \"responses\" or \"chat_completions\", got {want!r}")
+            checks.append(lambda v, w=want: v.endpoint == w)
+        elif key == "step":
+            f = _count_matcher(at, want)
+            checks.append(lambda v, f=f: f(v.step))
+        elif key == "tool_outputs":
+            f = _count_matcher(at, want)
+            checks.append(lambda v, f=f: f(v.tool_outputs))
+        elif key == "last_user_contains":
+            checks.append(lambda v, w=str(want): w in v.last_user)
+        elif key == "last_user_regex":
+            try:
+                pattern = re.compile(want)
+            except (re.error, TypeError) as exc:
+                raise ScriptError(f"{at}: bad regular expression {want!r}: {exc}") from None
+            checks.append(lambda v, p=pattern: p.search(v.last_user) is not None)
+        elif key == "input_contains":
+            checks.append(lambda v, w=str(want): any(w in t for t in v.texts))
+        elif key == "last_tool_output_contains":
+            checks.append(lambda v, w=str(want): v.last_tool_output is not None and w in v.last_tool_output)
+        elif key in ("metadata", "params"):
+            if not isinstance(want, dict):
+                raise ScriptError(f"{at}: expected an object, got {want!r}")
+
+            def check(v, w=want, key=key):
+                have = (v.body.get("metadata") or {}) if key == "metadata" else v.body
+                return isinstance(have, dict) and all(k in have and have[k] == x for k, x in w.items())
+
+            checks.append(check)
+        elif key == "tools_include":
+            names = [want] if isinstance(want, str) else list(want)
+            checks.append(lambda v, n=names: all(x in v.tool_names for x in n))
+        elif key == "has_tools":
+            checks.append(lambda v, w=bool(want): bool(v.tool_names) == w)
+    return checks
+
+
+def _check_reply(where: str, reply: Any) -> dict:
+    if not isinstance(reply, dict):
+        raise ScriptError(f"{where}: a reply must be an object, got {reply!r}")
+    if reply.get("object") == "response":  # a whole Responses object
+        rest = {k: v for k, v in reply.items() if k not in ("output", "usage", "incomplete_details")}
+        converted = {"output": reply.get("output") or [], "response": rest}
+        for key in ("usage", "incomplete_details"):
+            if key in reply:
+                converted[key] = reply[key]
+        return converted
+    unknown = set(reply) - _REPLY_KEYS
+    if unknown:
+        raise ScriptError(f"{where}: unknown reply keys {sorted(unknown)}; known: {sorted(_REPLY_KEYS)}")
+    if "output" in reply and not isinstance(reply["output"], list):
+        raise ScriptError(f"{where}.output: expected a list of items, got {reply['output']!r}")
+    status = reply.get("status")
+    if status is not None and (not isinstance(status, int) or not 400 <= status <= 599):
+        raise ScriptError(f"{where}.status: expected an HTTP error status 400-599, got {status!r}")
+    return reply
+
+
+class _Rule:
+    __slots__ = ("name", "checks", "reply", "replies", "times", "used")
+
+    def __init__(self, where: str, spec: Any) -> None:
+        if not isinstance(spec, dict):
+            raise ScriptError(f"{where}: a rule must be an object, got {spec!r}")
+        unknown = set(spec) - _RULE_KEYS
+        if unknown:
+            raise ScriptError(f"{where}: unknown rule keys {sorted(unknown)}; known: {sorted(_RULE_KEYS)}")
+        self.name = str(spec.get("name") or where)
+        self.checks = _compile_match(where, spec.get("match"))
+        reply = {k: v for k, v in spec.items() if k in _REPLY_KEYS}
+        self.replies: Optional[list] = None
+        if "replies" in spec:
+            if reply:
+                raise ScriptError(f"{where}: use either `replies` or reply keys {sorted(reply)}, not both")
+            if not isinstance(spec["replies"], list):
+                raise ScriptError(f"{where}.replies: expected a list")
+            self.replies = [_check_reply(f"{where}.replies[{i}]", r) for i, r in enumerate(spec["replies"])]
+        self.reply = _check_reply(where, reply)
+        times = spec.get("times")
+        if times is not None and (isinstance(times, bool) or not isinstance(times, int) or times < 1):
+            raise ScriptError(f"{where}.times: expected a positive int, got {times!r}")
+        self.times = times
+        self.used = 0
+
+    def matches(self, view: _View) -> bool:
+        if self.times is not None and self.used >= self.times:
+            return False
+        for check in self.checks:
+            if not check(view):
+                return False
+        return True
+
+
+def _rules_from(items: Iterable[Any], source: str) -> list[_Rule]:
+    return [_Rule(f"{source} rule {i + 1}", spec) for i, spec in enumerate(items)]
+
+
+def _read_json_or_jsonl(path: Path) -> list:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        out = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(orjson.loads(line))
+            except orjson.JSONDecodeError as exc:
+                raise ScriptError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+        return out
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ScriptError(f"{path}: not valid JSON ({exc})") from None
+    if isinstance(data, dict) and "rules" in data:
+        data = data["rules"]
+    if not isinstance(data, list):
+        raise ScriptError(f"{path}: expected a list of rules (or {{\"rules\": [...]}})")
+    return data
+
+
+def load_rules(script: Union[str, Path, list, None]) -> list[_Rule]:
+    """Compile a script: a path to a `.json` / `.jsonl` file, or the list of rules itself."""
+    if script is None:
+        return []
+    if isinstance(script, (str, Path)):
+        path = Path(script)
+        return _rules_from(_read_json_or_jsonl(path), str(path))
+    return _rules_from(script, "script")
+
+
+def load_replay(replay: Union[str, Path, list, None]) -> list[_Rule]:
+    """A replay file (one reply per line, served by step) as one catch-all rule."""
+    if replay is None:
+        return []
+    if isinstance(replay, (str, Path)):
+        path = Path(replay)
+        lines = _read_json_or_jsonl(path)
+        source = str(path)
+    else:
+        lines, source = list(replay), "replay"
+    return [_Rule(f"{source} (replay)", {"name": "replay", "replies": lines})]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Building replies
+
+
+def _fill(text: str, view: _View) -> str:
+    if "{{" not in text:
+        return text
+    values = (view.last_user, view.last_tool_output or "", str(view.step), str(view.tool_outputs))
+    for placeholder, value in zip(_PLACEHOLDERS, values):
+        text = text.replace(placeholder, value)
+    return text
+
+
+def _expand_item(item: Any, n: int, k: int, view: _View) -> dict:
+    if isinstance(item, str):
+        item = {"type": "message", "text": item}
+    if not isinstance(item, dict):
+        return item
+    kind = item.get("type")
+    if kind == "message" and "content" not in item:
+        out = {k2: v for k2, v in item.items() if k2 != "text"}
+        out.setdefault("id", f"msg_{n}_{k}")
+        out.setdefault("role", "assistant")
+        out.setdefault("status", "completed")
+        out["content"] = [{"type": "output_text", "text": _fill(str(item.get("text", "")), view), "annotations": []}]
+        return out
+    if kind == "function_call":
+        out = dict(item)
+        args = item.get("arguments", "{}")
+        out["arguments"] = _fill(args, view) if isinstance(args, str) else orjson.dumps(args).decode()
+        out.setdefault("call_id", f"call_{n}_{k}")
+        out.setdefault("id", f"fc_{n}_{k}")
+        out.setdefault("status", "completed")
+        return out
+    if kind == "reasoning" and "summary" not in item:
+        out = {k2: v for k2, v in item.items() if k2 != "text"}
+        out.setdefault("id", f"rs_{n}_{k}")
+        out["summary"] = [{"type": "summary_text", "text": _fill(str(item.get("text", "")), view)}]
+        return out
+    return dict(item)
+
+
+def _to_chat_usage(usage: Any) -> Any:
+    if not isinstance(usage, dict) or "prompt_tokens" in usage or "completion_tokens" in usage:
+        return usage
+    n_in = int(usage.get("input_tokens") or 0)
+    n_out = int(usage.get("output_tokens") or 0)
+    return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": int(usage.get("total_tokens") or n_in + n_out)}
+
+
+def _chat_message(output: list) -> tuple[dict, bool]:
+    texts, reasoning, calls = [], [], []
+    for item in output:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "function_call":
+            calls.append(
+                {
+                    "id": item.get("call_id") or item.get("id"),
+                    "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+                }
+            )
+        elif kind == "reasoning":
+            reasoning.append("".join(_text_of(s.get("text")) for s in item.get("summary") or () if isinstance(s, dict)))
+        elif item.get("role") == "assistant":
+            texts.append(_text_of(item.get("content")))
+    message: dict = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
+    if reasoning:
+        message["reasoning_content"] = "\n".join(reasoning)
+    if calls:
+        message["tool_calls"] = calls
+    return message, bool(calls)
+
+
+class _Script:
+    def __init__(self, rules: list[_Rule]) -> None:
+        self.rules = rules
+
+    def pick(self, view: _View) -> tuple[Optional[_Rule], Optional[dict], Optional[str]]:
+        """(rule, reply, error message)."""
+        for rule in self.rules:
+            if rule.matches(view):
+                rule.used += 1
+                if rule.replies is None:
+                    return rule, rule.reply, None
+                if view.step > len(rule.replies):
+                    return rule, None, (
+                        f"rule `{rule.name}` has {len(rule.replies)} replies but this is model call {view.step} "
+                        f"of the conversation"
+                    )
+                return rule, rule.replies[view.step - 1], None
+        return None, None, "no script rule matched this request"
+
+
+def build_app(
+    *,
+    tool_args: str = "{}",
+    reply_prefix: str = "echo: ",
+    latency_ms: float = 0.0,
+    script: Union[str, Path, list, None] = None,
+    replay: Union[str, Path, list, None] = None,
+) -> Starlette:
+    """The ASGI app. `script` / `replay`: a path or the already-parsed list (see the module docstring)."""
     delay = latency_ms / 1000.0
+    rules = load_rules(script) + load_replay(replay)
+    scripted = _Script(rules) if (script is not None or replay is not None) else None
+
+    async def scripted_reply(view: _View) -> Response:
+        body = view.body
+        rule, reply, problem = scripted.pick(view)
+        if reply is None:
+            message = f"fake backend: {problem}. Request: {orjson.dumps(view.summary).decode()}"
+            return _json(_error_body(message, "fake_backend_no_matching_rule"), 400)
+        headers = {"x-fake-rule": rule.name.encode("ascii", "replace").decode()}
+        extra_delay = reply.get("latency_ms")
+        if extra_delay:
+            await asyncio.sleep(float(extra_delay) / 1000.0)
+        status = reply.get("status")
+        if status is not None:
+            error = reply.get("body")
+            if error is None:
+                error = _error_body(reply.get("error_message") or f"scripted HTTP {status}", "scripted_error")
+            return _json(error, status, headers)
+        n = next(_ids)
+        output = [_expand_item(item, n, k, view) for k, item in enumerate(reply.get("output") or ())]
+        usage = reply["usage"] if "usage" in reply else _usage_responses(10, 5)
+        incomplete = reply.get("incomplete_details")
+        if view.endpoint == "chat_completions":
+            message, has_calls = _chat_message(output)
+            finish = reply.get("finish_reason")
+            if finish is None:
+                reason = incomplete.get("reason") if isinstance(incomplete, dict) else None
+                finish = "length" if reason == "max_output_tokens" else ("tool_calls" if has_calls else "stop")
+            return _json(
+                {
+                    "id": f"chatcmpl-{n}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model") or "fake-model",
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                    "usage": _to_chat_usage(usage),
+                },
+                headers=headers,
+            )
+        response = {
+            "id": f"resp_{n}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": body.get("model") or "fake-model",
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [],
+            "status": "incomplete" if incomplete else "completed",
+            "incomplete_details": incomplete,
+            "usage": usage,
+        }
+        if reply.get("response"):
+            response.update(reply["response"])
+        return _json(response, headers=headers)
 
     async def responses(request: Request) -> Response:
         body = orjson.loads(await request.body())
         if delay:
             await asyncio.sleep(delay)
+        if scripted is not None:
+            return await scripted_reply(_responses_view(body))
         n = next(_ids)
         items = body.get("input")
+        view = _responses_view(body)
         tools = [t for t in body.get("tools") or [] if t.get("type") == "function"]
-        if tools and not _has_tool_result_responses(items):
+        if tools and view.tool_outputs == 0:
             output = [
                 {
                     "type": "function_call",
@@ -80,7 +624,7 @@ def build_app(*, tool_args: str = "{}", reply_prefix: str = "echo: ", latency_ms
                 }
             ]
         else:
-            text = reply_prefix + _last_user_text_responses(items)
+            text = reply_prefix + (items if isinstance(items, str) else view.last_user)
             output = [
                 {
                     "type": "message",
@@ -109,6 +653,8 @@ def build_app(*, tool_args: str = "{}", reply_prefix: str = "echo: ", latency_ms
         body = orjson.loads(await request.body())
         if delay:
             await asyncio.sleep(delay)
+        if scripted is not None:
+            return await scripted_reply(_chat_view(body))
         n = next(_ids)
         messages = body.get("messages") or []
         tools = [t for t in body.get("tools") or [] if t.get("type") == "function"]
@@ -128,10 +674,7 @@ def build_app(*, tool_args: str = "{}", reply_prefix: str = "echo: ", latency_ms
             finish = "tool_calls"
         else:
             last_user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
-            content = last_user.get("content") or ""
-            if not isinstance(content, str):
-                content = "".join(p.get("text", "") for p in content)
-            message = {"role": "assistant", "content": reply_prefix + content}
+            message = {"role": "assistant", "content": reply_prefix + _text_of(last_user.get("content"))}
             finish = "stop"
         return _json(
             {
@@ -160,17 +703,30 @@ def build_app(*, tool_args: str = "{}", reply_prefix: str = "echo: ", latency_ms
     )
 
 
-def main() -> None:
+def main(argv: Optional[list[str]] = None) -> None:
     import uvicorn
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], epilog="The rule format is described in this module's docstring."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--tool-args", default="{}")
-    parser.add_argument("--reply-prefix", default="echo: ")
-    parser.add_argument("--latency-ms", type=float, default=0.0)
-    args = parser.parse_args()
-    app = build_app(tool_args=args.tool_args, reply_prefix=args.reply_prefix, latency_ms=args.latency_ms)
+    parser.add_argument("--tool-args", default="{}", help="default mode: arguments of the first tool call")
+    parser.add_argument("--reply-prefix", default="echo: ", help="default mode: prefix of the final answer")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="delay added to every call")
+    parser.add_argument("--script", default=None, help="rules file (.json list or .jsonl, one rule per line)")
+    parser.add_argument("--replay", default=None, help="replies file (.jsonl, line k answers model call k)")
+    args = parser.parse_args(argv)
+    try:
+        app = build_app(
+            tool_args=args.tool_args,
+            reply_prefix=args.reply_prefix,
+            latency_ms=args.latency_ms,
+            script=args.script,
+            replay=args.replay,
+        )
+    except (ScriptError, OSError) as exc:
+        raise SystemExit(f"fake_openai_server: {exc}") from None
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 

@@ -1,0 +1,191 @@
+"""simple_agent under `ng_run`: openai_model in front of the scripted fake backend (`--script`), a resources server
+whose tools keep per-session state, and simple_agent; rollouts through `/run` (with a malformed tool call and an
+unknown tool), concurrent rollouts, `/v1/responses` directly, and the backend's Chat Completions side."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import FIXTURE_STACK, free_port, wait_http_ok
+
+SCRIPT = FIXTURE_STACK / "scripts" / "simple_agent.jsonl"
+NG_RUN = [sys.executable, "-c", "from nemo_gym.cli import run; run()"]
+
+TOOLS = [
+    {"type": "function", "name": "append_item", "description": "add an item to the shopping list", "strict": False,
+     "parameters": {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}},
+    {"type": "function", "name": "read_items", "description": "read the shopping list", "strict": False,
+     "parameters": {"type": "object", "properties": {}}},
+]
+
+
+class NgRun:
+    """An `ng_run` child whose output is collected line by line."""
+
+    def __init__(self, args: list[str], cwd: Path = FIXTURE_STACK):
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [*NG_RUN, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(text in line for line in self.lines):
+                return
+            if self.proc.poll() is not None:
+                self._reader.join(timeout=5)
+                if any(text in line for line in self.lines):
+                    return
+                raise AssertionError(f"ng_run exited ({self.proc.returncode}) before {text!r}:\n{self.output}")
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {text!r}:\n{self.output}")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        return code
+
+
+@pytest.fixture(scope="module")
+def stack():
+    backend_port, head_port = free_port(), free_port()
+    backend = subprocess.Popen(
+        [sys.executable, "-m", "nemo_gym.testing.fake_openai_server", "--port", str(backend_port), "--script", str(SCRIPT)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    run = None
+    try:
+        wait_http_ok(f"http://127.0.0.1:{backend_port}/health", timeout=60)
+        run = NgRun([
+            "+config_paths=[configs/simple_agent.yaml]",
+            f"+policy_base_url=http://127.0.0.1:{backend_port}/v1",
+            "+policy_api_key=dummy-key",
+            "+policy_model_name=fake-model",
+            f"+head_server.port={head_port}",
+        ])
+        run.wait_for("All 3 / 3 servers ready!")
+        urls = {i["process_name"]: i["url"] for i in httpx.get(f"http://127.0.0.1:{head_port}/server_instances", timeout=5).json()}
+        assert set(urls) == {"policy_model", "shopping_list_resources_server", "shopping_simple_agent"}
+        yield urls
+        assert run.stop() == 0, run.output
+        run = None
+    finally:
+        if run is not None:
+            run.stop()
+        backend.terminate()
+        backend.wait(timeout=10)
+
+
+def shopping_row(initial: list[str], **extra) -> dict:
+    return {
+        "responses_create_params": {
+            "input": [{"role": "user", "content": "Please fix my shopping list: add milk and eggs."}],
+            "tools": TOOLS,
+            "temperature": 0.0,
+        },
+        "initial_items": initial,
+        "expected_items": [*initial, "milk", "eggs"],
+        **extra,
+    }
+
+
+def test_rollout_with_a_malformed_call_and_an_unknown_tool(stack):
+    row = shopping_row(["bread"], uuid="row-1", agent_ref={"type": "responses_api_agents", "name": "shopping_simple_agent"})
+    answer = httpx.post(stack["shopping_simple_agent"] + "/run", json=row, timeout=60)
+    assert answer.status_code == 200, answer.text
+    result = answer.json()
+
+    assert result["reward"] == 1.0
+    assert result["final_items"] == ["bread", "milk", "eggs"]
+    assert result["num_tool_errors"] == 2
+    assert result["uuid"] == "row-1" and result["agent_ref"]["name"] == "shopping_simple_agent"
+    assert result["initial_items"] == ["bread"]  # not a verifier field: merged back from the row
+
+    output = result["response"]["output"]
+    assert [o["type"] for o in output] == [
+        "reasoning", "function_call", "function_call_output",
+        "function_call", "function_call_output",
+        "function_call", "function_call", "function_call_output", "function_call_output",
+        "function_call", "function_call_output",
+        "message",
+    ]
+    malformed = json.loads(output[2]["output"])
+    assert malformed["tool"] == "append_item" and "not valid JSON" in malformed["error"]
+    assert json.loads(output[4]["output"]) == {
+        "error": "unknown tool 'buy_everything': the resources server has no such tool", "tool": "buy_everything", "status": 404,
+    }
+    assert output[-1]["content"][0]["text"] == 'Your list: {"items":["bread","milk","eggs"]}'
+    # four model calls at 10/5 plus the last at 100/9/109
+    usage = result["response"]["usage"]
+    assert (usage["input_tokens"], usage["output_tokens"], usage["total_tokens"]) == (140, 29, 169)
+
+
+def test_concurrent_rollouts_have_separate_state(stack):
+    async def go():
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(
+                *(client.post(stack["shopping_simple_agent"] + "/run", json=shopping_row([f"item{i}"], n=i)) for i in range(8))
+            )
+
+    for answer in asyncio.run(go()):
+        assert answer.status_code == 200, answer.text
+        result = answer.json()
+        i = result["n"]
+        assert result["reward"] == 1.0, result
+        assert result["final_items"] == [f"item{i}", "milk", "eggs"]
+
+
+def test_v1_responses_directly(stack):
+    body = {"input": "hello agent", "metadata": {"scenario": "quick"}}
+    answer = httpx.post(stack["shopping_simple_agent"] + "/v1/responses", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    response = answer.json()
+    assert [o["type"] for o in response["output"]] == ["message"]
+    assert response["output"][0]["content"][0]["text"] == "hi there, hello agent"
+    assert "SimpleModelServer___policy_model" in answer.cookies
+
+
+def test_scripted_backend_chat_completions_through_the_model_server(stack):
+    url = stack["policy_model"] + "/v1/chat/completions"
+    tools = [{"type": "function", "function": {"name": "append_item", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "add tea"}]
+    first = httpx.post(url, json={"messages": messages, "tools": tools}, timeout=60)
+    assert first.status_code == 200, first.text
+    choice = first.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["tool_calls"] == [
+        {"id": "call_tea", "type": "function", "function": {"name": "append_item", "arguments": '{"item":"tea"}'}}
+    ]
+    messages += [choice["message"], {"role": "tool", "tool_call_id": "call_tea", "content": '{"items":["tea"]}'}]
+    second = httpx.post(url, json={"messages": messages, "tools": tools}, timeout=60)
+    assert second.status_code == 200, second.text
+    message = second.json()["choices"][0]["message"]
+    assert message["content"] == 'noted: {"items":["tea"]}'
+    assert message["reasoning_content"] == "the tool answered"
