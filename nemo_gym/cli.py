@@ -51,9 +51,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 NOT_AVAILABLE = {
-    "collect_rollouts": "the collection issue",
     "e2e_collect_rollouts": "the collection issue",
-    "reward_profile": "the collection issue",
     "test": "the environment-library issue",
     "test_all": "the environment-library issue",
     "init_resources_server": "the environment-library issue",
@@ -226,7 +224,23 @@ def _prepare_data(args: list[str]) -> int:
     return prepare_data_main(args)
 
 
+@cli_errors("collect_rollouts")
+def _collect_rollouts(args: list[str]) -> int:
+    from nemo_gym.rollout_collection import collect_rollouts_main
+
+    return collect_rollouts_main(args)
+
+
+@cli_errors("reward_profile")
+def _reward_profile(args: list[str]) -> int:
+    from nemo_gym.reward_profile import reward_profile_main
+
+    return reward_profile_main(args)
+
+
 HANDLERS: dict[str, Callable[[list[str]], int]] = {
+    "collect_rollouts": _collect_rollouts,
+    "reward_profile": _reward_profile,
     "prepare_data": _prepare_data,
     "run": _run,
     "status": _status,

@@ -1,0 +1,284 @@
+"""`ng_collect_rollouts` against real processes: `ng_run` with openai_model in front of the scripted fake backend,
+a resources server with per-session state (tests/fixtures/stack/resources_servers/gated_counter) and two
+simple_agents (configs/collect.yaml). Checks exact rows and rewards with repeats and parallelism, and that killing
+the resources server mid-run records failures, after which `resume_from_cache` on a restarted stack completes the
+file with no duplicates and nothing lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import FIXTURE_STACK, free_port, wait_http_ok
+
+SCRIPT = FIXTURE_STACK / "scripts" / "collect.jsonl"
+NG_RUN = [sys.executable, "-c", "from nemo_gym.cli import run; run()"]
+COLLECT = [
+    sys.executable,
+    "-c",
+    "import sys; from nemo_gym.rollout_collection import collect_rollouts_main; sys.exit(collect_rollouts_main(sys.argv[1:]))",
+]
+T, R = "_ng_task_index", "_ng_rollout_index"
+GATED = "gated_counter_resources_server"
+
+TOOLS = [
+    {
+        "type": "function",
+        "name": "increment_counter",
+        "description": "add to the counter",
+        "parameters": {"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]},
+        "strict": False,
+    }
+]
+
+
+class Process:
+    """A child process whose output is collected line by line."""
+
+    def __init__(self, args: list[str], cwd: Path):
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(text in line for line in self.lines):
+                return
+            if self.proc.poll() is not None:
+                self._reader.join(timeout=5)
+                if any(text in line for line in self.lines):
+                    return
+                raise AssertionError(f"exited ({self.proc.returncode}) before {text!r}:\n{self.output}")
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {text!r}:\n{self.output}")
+
+    def wait(self, timeout: float = 300.0) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        return code
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        return self.wait(timeout)
+
+
+@pytest.fixture
+def backend():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nemo_gym.testing.fake_openai_server", "--port", str(port), "--script", str(SCRIPT)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/health", timeout=60)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def start_stack(backend_url: str, head_port: int, *extra: str) -> Process:
+    stack = Process(
+        [
+            *NG_RUN,
+            "+config_paths=[configs/collect.yaml]",
+            f"+policy_base_url={backend_url}",
+            "+policy_api_key=dummy-key",
+            "+policy_model_name=fake-model",
+            f"+head_server.port={head_port}",
+            *extra,
+        ],
+        cwd=FIXTURE_STACK,
+    )
+    stack.wait_for("All 4 / 4 servers ready!")
+    return stack
+
+
+def instances(head_port: int) -> dict[str, dict]:
+    data = httpx.get(f"http://127.0.0.1:{head_port}/server_instances", timeout=5).json()
+    return {i["process_name"]: i for i in data}
+
+
+def row(text: str, initial: int, expected: int, **extra) -> dict:
+    return {
+        "responses_create_params": {"input": text, "tools": TOOLS},
+        "initial_count": initial,
+        "expected_count": expected,
+        **extra,
+    }
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def collect_args(head_port: int, tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        *COLLECT,
+        f"+head_server.port={head_port}",
+        "+agent_name=counter_simple_agent",
+        f"+input_jsonl_fpath={tmp_path / 'tasks.jsonl'}",
+        f"+output_jsonl_fpath={tmp_path / 'out' / 'rollouts.jsonl'}",
+        "+retry_backoff_s=0.05",
+        "+retry_backoff_max_s=0.2",
+        *extra,
+    ]
+
+
+def test_collect_with_repeats_and_parallelism_gives_exact_rows_rewards_and_profile(backend, tmp_path):
+    a = row("please add 2", 1, 3)  # 1 + 2 = 3: reward 1
+    tasks = [
+        a,
+        row("please add 1", 0, 5),  # 0 + 1 != 5: reward 0
+        row("this one is broken", 5, 5),  # malformed tool call -> error output, count stays 5: reward 1
+        a,  # identical line: same task as the first
+        row("please add 1", 2, 3, agent_ref={"type": "responses_api_agents", "name": "other_counter_agent"}),
+    ]
+    write_jsonl(tmp_path / "tasks.jsonl", tasks)
+    head_port = free_port()
+    stack = start_stack(backend, head_port)
+    try:
+        collect = Process(
+            collect_args(
+                head_port,
+                tmp_path,
+                "+num_repeats=2",
+                "+num_repeats_add_seed=true",
+                "+num_samples_in_parallel=3",
+                "+responses_create_params.temperature=0.5",
+            ),
+            cwd=tmp_path,
+        )
+        code = collect.wait()
+        assert code == 0, collect.output
+    finally:
+        assert stack.stop() == 0, stack.output
+
+    out = tmp_path / "out"
+    rollouts = read_jsonl(out / "rollouts.jsonl")
+    got = sorted((r[T], r[R], r["reward"], r["final_count"], r["expected_count"]) for r in rollouts)
+    assert got == [
+        (0, 0, 1.0, 3, 3), (0, 1, 1.0, 3, 3), (0, 2, 1.0, 3, 3), (0, 3, 1.0, 3, 3),
+        (1, 0, 0.0, 1, 5), (1, 1, 0.0, 1, 5),
+        (2, 0, 1.0, 5, 5), (2, 1, 1.0, 5, 5),
+        (3, 0, 1.0, 3, 3), (3, 1, 1.0, 3, 3),
+    ]
+    for r in rollouts:
+        params = r["responses_create_params"]
+        assert params["seed"] == r[R] and params["temperature"] == 0.5
+        types = [o["type"] for o in r["response"]["output"]]
+        assert types == ["function_call", "function_call_output", "message"]
+        assert r["response"]["usage"]["total_tokens"] == 30  # two model calls of 10 in + 5 out
+    broken = next(r for r in rollouts if r[T] == 2)
+    assert "error" in json.loads(broken["response"]["output"][1]["output"])
+
+    materialized = read_jsonl(out / "rollouts_materialized_inputs.jsonl")
+    assert [(m[T], m[R]) for m in materialized] == [
+        (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (0, 2), (0, 3), (3, 0), (3, 1),
+    ]
+    assert {m["agent_ref"]["name"] for m in materialized if m[T] != 3} == {"counter_simple_agent"}
+    assert not (out / "rollouts_failures.jsonl").exists()
+
+    profile = read_jsonl(out / "rollouts_reward_profiling.jsonl")
+    assert [(p[T], p["num_rollouts"], p["mean/reward"]) for p in profile] == [(0, 4, 1.0), (1, 2, 0.0), (2, 2, 1.0), (3, 2, 1.0)]
+    assert profile[0]["sample"]["initial_count"] == 1 and T not in profile[0]["sample"]
+    assert all(p["mean/total_tokens"] == 30.0 for p in profile)
+    agents = {m["agent_ref"]["name"]: m for m in json.loads((out / "rollouts_agent_metrics.json").read_text())}
+    main, other = agents["counter_simple_agent"], agents["other_counter_agent"]
+    assert (main["num_tasks"], main["num_rollouts"], main["mean/reward"]) == (3, 8, 0.75)
+    assert main["pass@1"] == pytest.approx(2 / 3) and main["pass@2"] == pytest.approx(2 / 3)
+    assert (other["num_tasks"], other["num_rollouts"], other["mean/reward"], other["std/reward"]) == (1, 2, 1.0, 0.0)
+    assert "Collected 10 / 10 rollouts" in collect.output
+
+
+def test_killing_the_resources_server_records_failures_and_resume_completes_the_file(backend, tmp_path):
+    tasks = [row("please add 1", i, i + 1) for i in range(4)]
+    tasks += [row("please add 2", 10 + i, 12 + i, hold=True) for i in range(2)]  # tasks 4 and 5 hang in seed_session
+    write_jsonl(tmp_path / "tasks.jsonl", tasks)
+    output = tmp_path / "out" / "rollouts.jsonl"
+    failures_path = tmp_path / "out" / "rollouts_failures.jsonl"
+    head_port = free_port()
+
+    stack = start_stack(backend, head_port, f"+{GATED}.resources_servers.gated_counter.hold_rows=true")
+    try:
+        collect = Process(collect_args(head_port, tmp_path, "+num_samples_in_parallel=6", "+max_attempts=3"), cwd=tmp_path)
+        servers = instances(head_port)
+        held_url = servers[GATED]["url"] + "/held"
+        # Wait (no timing assumptions) until the four free rollouts are written and both held ones are in flight.
+        deadline = time.monotonic() + 180
+        while True:
+            done = len(read_jsonl(output)) if output.exists() else 0
+            held = httpx.get(held_url, timeout=5).json()["held"]
+            if done == 4 and held == 2:
+                break
+            assert collect.proc.poll() is None, collect.output
+            assert time.monotonic() < deadline, f"done={done} held={held}\n{collect.output}"
+            time.sleep(0.05)
+        os.kill(servers[GATED]["pid"], signal.SIGKILL)
+        code = collect.wait()
+        assert code == 1, collect.output
+        assert stack.wait(timeout=60) == 1  # ng_run stops the stack when a server dies
+    finally:
+        stack.stop()
+
+    first = read_jsonl(output)
+    assert sorted((r[T], r[R]) for r in first) == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    failures = read_jsonl(failures_path)
+    assert sorted(f[T] for f in failures) == [4, 5]
+    for f in failures:
+        assert f["row"]["hold"] is True and f["row"][T] == f[T]
+        assert f["agent_name"] == "counter_simple_agent" and f["server"]
+        assert f["error_type"] and f["message"]
+        assert 1 <= f["attempts"] <= 3
+    assert "2 rollout(s) failed" in collect.output
+
+    # A crash while writing would leave a torn line: resume must cope with it.
+    with open(output, "a") as f:
+        f.write('{"reward": 1.0, "_ng_task_index": 4, "_ng_rollout_')
+
+    stack = start_stack(backend, head_port)
+    try:
+        resume = Process(collect_args(head_port, tmp_path, "+resume_from_cache=true"), cwd=tmp_path)
+        assert resume.wait() == 0, resume.output
+    finally:
+        assert stack.stop() == 0, stack.output
+
+    final = read_jsonl(output)  # every line parses
+    keys = [(r[T], r[R]) for r in final]
+    assert sorted(keys) == [(t, 0) for t in range(6)] and len(set(keys)) == len(keys)
+    assert final[:4] == first  # finished rollouts were kept as they were, not rerun
+    assert all(r["reward"] == 1.0 for r in final)
+    assert {r[T]: r["final_count"] for r in final} == {0: 1, 1: 2, 2: 3, 3: 4, 4: 12, 5: 13}
+    assert not failures_path.exists()
+    assert "Collected 6 / 6 rollouts" in resume.output and "4 from an earlier run, 2 new" in resume.output
+    profile = read_jsonl(tmp_path / "out" / "rollouts_reward_profiling.jsonl")
+    assert [p[T] for p in profile] == list(range(6))

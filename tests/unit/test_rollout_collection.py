@@ -1,0 +1,717 @@
+"""Rollout collection: preprocessing, validation, the rollout iterator (retries, failures, bounded work), resume,
+and the command itself against an in-process agent (httpx.MockTransport behind the real ServerClient)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tracemalloc
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+import orjson
+import pytest
+
+from nemo_gym.errors import NeMoGymConfigError
+from nemo_gym.rollout_collection import (
+    ROLLOUT_INDEX_KEY_NAME,
+    TASK_INDEX_KEY_NAME,
+    CollectionPaths,
+    InputValidationError,
+    RolloutCollectionConfig,
+    agent_names_in_config,
+    collect_rollouts_main,
+    iter_materialized_rows,
+    iter_pending_rows,
+    iter_rollouts,
+    materialize_input_file,
+    read_finished_keys,
+    repair_jsonl_tail,
+    run_from_config,
+)
+from nemo_gym.server_client import ServerClient
+
+T, R = TASK_INDEX_KEY_NAME, ROLLOUT_INDEX_KEY_NAME
+
+
+def line(**row: Any) -> str:
+    return json.dumps(row)
+
+
+def params(text: str = "hi", **extra: Any) -> dict:
+    return {"input": text, **extra}
+
+
+def keys(rows) -> list[tuple[int, int]]:
+    return [(r[T], r[R]) for r in rows]
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+# ------------------------------------------------------------------------------------------- preprocessing
+
+
+def test_limit_and_repeats_give_task_major_order_with_exact_rows():
+    lines = [line(responses_create_params=params(f"q{i}"), expected=i) for i in range(5)]
+    rows = list(iter_materialized_rows(lines, limit=3, num_repeats=2, agent_name="agent"))
+    assert keys(rows) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    assert rows[0] == {
+        "responses_create_params": {"input": "q0"},
+        "expected": 0,
+        "agent_ref": {"name": "agent"},
+        T: 0,
+        R: 0,
+    }
+    assert rows[5] == {
+        "responses_create_params": {"input": "q2"},
+        "expected": 2,
+        "agent_ref": {"name": "agent"},
+        T: 2,
+        R: 1,
+    }
+
+
+def test_defaults_one_rollout_per_line_and_no_seed():
+    lines = [line(responses_create_params=params(f"q{i}")) for i in range(3)]
+    rows = list(iter_materialized_rows(lines, agent_name="a"))
+    assert keys(rows) == [(0, 0), (1, 0), (2, 0)]
+    assert all("seed" not in r["responses_create_params"] for r in rows)
+
+
+def test_num_repeats_add_seed_sets_the_rollout_index_as_seed():
+    lines = [line(responses_create_params=params("a", seed=99)), line(responses_create_params=params("b"))]
+    rows = list(iter_materialized_rows(lines, agent_name="a", num_repeats=3, num_repeats_add_seed=True))
+    assert [(r[T], r[R], r["responses_create_params"]["seed"]) for r in rows] == [
+        (0, 0, 0), (0, 1, 1), (0, 2, 2), (1, 0, 0), (1, 1, 1), (1, 2, 2),
+    ]
+
+
+def test_overrides_are_merged_shallowly_over_each_rows_params():
+    lines = [line(responses_create_params=params("a", temperature=1.0, max_output_tokens=5, top_p=0.9))]
+    (row,) = iter_materialized_rows(
+        lines, agent_name="a", responses_create_params={"temperature": 0.2, "max_output_tokens": 64}
+    )
+    assert row["responses_create_params"] == {"input": "a", "temperature": 0.2, "max_output_tokens": 64, "top_p": 0.9}
+
+
+def test_agent_name_only_fills_rows_without_an_agent():
+    lines = [
+        line(responses_create_params=params("a"), agent_ref={"type": "responses_api_agents", "name": "theirs"}),
+        line(responses_create_params=params("b")),
+        line(responses_create_params=params("c"), agent_ref={"type": "responses_api_agents"}),
+    ]
+    rows = list(iter_materialized_rows(lines, agent_name="mine"))
+    assert [r["agent_ref"] for r in rows] == [
+        {"type": "responses_api_agents", "name": "theirs"},
+        {"name": "mine"},
+        {"type": "responses_api_agents", "name": "mine"},
+    ]
+
+
+def test_row_without_any_agent_is_an_error_naming_the_line():
+    lines = [line(responses_create_params=params("a"), agent_ref={"name": "x"}), line(responses_create_params=params("b"))]
+    with pytest.raises(InputValidationError) as err:
+        list(iter_materialized_rows(lines, source="data.jsonl"))
+    assert "data.jsonl:2: no agent" in str(err.value)
+    assert isinstance(err.value, ValueError)  # the reference raised ValueError
+
+
+def test_identical_lines_share_a_task_index_and_continue_its_rollout_numbering():
+    a = line(responses_create_params=params("same"), x=1)
+    b = line(responses_create_params=params("other"))
+    rows = list(iter_materialized_rows([a, b, "  " + a + "  ", b, a], agent_name="g", num_repeats=2))
+    assert keys(rows) == [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3), (0, 4), (0, 5)]
+    # A line that differs in any byte is a different task.
+    c = line(responses_create_params=params("same"), x=2)
+    assert keys(iter_materialized_rows([a, c], agent_name="g")) == [(0, 0), (1, 0)]
+
+
+def test_blank_lines_are_skipped_and_do_not_count_toward_the_limit():
+    lines = ["", line(responses_create_params=params("a")), "   ", line(responses_create_params=params("b")), line(responses_create_params=params("c"))]
+    rows = list(iter_materialized_rows(lines, agent_name="g", limit=2))
+    assert [r["responses_create_params"]["input"] for r in rows] == ["a", "b"]
+
+
+def test_repeats_are_independent_copies():
+    lines = [line(responses_create_params=params("a", metadata={"k": "v"}), nested={"list": [1]})]
+    first, second = iter_materialized_rows(lines, agent_name="g", num_repeats=2)
+    first["nested"]["list"].append(2)
+    first["responses_create_params"]["metadata"]["k"] = "changed"
+    assert second["nested"] == {"list": [1]}
+    assert second["responses_create_params"]["metadata"] == {"k": "v"}
+
+
+# ---------------------------------------------------------------------------------------------- validation
+
+
+def test_every_bad_line_is_reported_with_file_and_line_before_anything_is_written(tmp_path):
+    good = {"responses_create_params": params("ok"), "agent_ref": {"name": "simple_agent"}}
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [
+            good,  # 1
+            '{"responses_create_params": {"input": "x"',  # 2 malformed
+            {"question": "no params"},  # 3
+            {"responses_create_params": params("a"), "agent_ref": {"type": "responses_api_agents"}},  # 4: no agent name
+            {"responses_create_params": params("a"), "agent_ref": {"name": "simple_agnet"}},  # 5 unknown agent
+            "[1, 2]",  # 6 not an object
+            {"responses_create_params": {"input": "a", "temprature": 0.5}},  # 7 strict params
+            {"responses_create_params": "just text"},  # 8
+        ],
+    )
+    out = tmp_path / "out_materialized_inputs.jsonl"
+    with pytest.raises(InputValidationError) as err:
+        materialize_input_file(src, out, known_agents={"simple_agent"}, agent_name=None)
+    message = str(err.value)
+    assert err.value.total == 7
+    assert [p.line for p in err.value.problems] == [2, 3, 4, 5, 6, 7, 8]
+    assert f"{src}:2: invalid JSON" in message
+    assert f"{src}:3: missing `responses_create_params`" in message
+    assert f"{src}:4: no agent" in message
+    assert f"{src}:5: unknown agent `simple_agnet`" in message and "Did you mean `simple_agent`?" in message
+    assert f"{src}:6: expected a JSON object" in message
+    assert f"{src}:7: invalid responses_create_params" in message and "temprature" in message
+    assert f"{src}:8: `responses_create_params` must be an object" in message
+    assert not out.exists()
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_lines_after_the_limit_are_not_validated(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": params("a")}, "not json"])
+    out = tmp_path / "m.jsonl"
+    stats = materialize_input_file(src, out, limit=1, agent_name="g", known_agents={"g"})
+    assert (stats.num_lines, stats.num_tasks, stats.num_rows) == (1, 1, 1)
+    assert keys(read_jsonl(out)) == [(0, 0)]
+
+
+def test_missing_input_file_is_a_config_error(tmp_path):
+    with pytest.raises(NeMoGymConfigError, match="Input file not found"):
+        materialize_input_file(tmp_path / "nope.jsonl", tmp_path / "m.jsonl", agent_name="g")
+
+
+def test_agent_names_come_from_agent_blocks_of_the_config():
+    cfg = {
+        "policy_model": {"responses_api_models": {"openai_model": {"host": "h", "port": 1}}},
+        "my_agent": {"responses_api_agents": {"simple_agent": {"host": "h", "port": 2}}},
+        "res": {"resources_servers": {"x": {}}},
+        "head_server": {"host": "127.0.0.1", "port": 11000},
+        "config_paths": ["a.yaml"],
+    }
+    assert agent_names_in_config(cfg) == ["my_agent"]
+
+
+# ----------------------------------------------------------------------------------------- bounded memory
+
+
+def _tiny_rows(n: int):
+    for i in range(n):
+        yield orjson.dumps(
+            {
+                "responses_create_params": {"input": [{"role": "user", "content": f"What is {i} + {i}?"}]},
+                "expected_answer": str(2 * i),
+                "metadata": {"source": "synthetic", "id": i, "tags": ["math", "easy"]},
+            }
+        )
+
+
+def _tinier_rows(n: int):
+    for i in range(n):
+        yield b'{"responses_create_params": {"input": "What is %d + %d?"}, "expected_answer": "%d"}' % (i, i, 2 * i)
+
+
+def _peak_bytes(fn: Callable[[], None]) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_preprocessing_streams_with_memory_flat_in_the_input_size():
+    counted = {}
+
+    def consume(n: int) -> Callable[[], None]:
+        def run() -> None:
+            count = 0
+            # Params validation is left out only to keep the test quick under tracemalloc; it keeps no state.
+            for row in iter_materialized_rows(_tinier_rows(n), agent_name="g", num_repeats=2, validate_params=False):
+                count += 1
+            counted[n] = count
+
+        return run
+
+    small = _peak_bytes(consume(10_000))
+    big = _peak_bytes(consume(100_000))
+    assert counted == {10_000: 20_000, 100_000: 200_000}
+    # The only per-line state is the task-index map (a 16-byte digest and an int per distinct line, about
+    # 150 bytes). Holding the two materialized rows of a line (three dicts each) would cost over 1.5 KB.
+    per_line = (big - small) / 90_000
+    assert per_line < 300, f"{per_line:.0f} bytes per input line"
+
+
+class _Answer:
+    status_code = 200
+
+    def __init__(self, content: bytes) -> None:
+        self.content = content
+
+
+class _InstantAgent:
+    """A minimal duck-typed client: answers every /run at once with a reward."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.global_config_dict = {"g": {"responses_api_agents": {"x": {}}}}
+
+    async def post(self, server_name: str, path: str, json: Any = None, **_: Any) -> httpx.Response:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        await asyncio.sleep(0)
+        self.in_flight -= 1
+        return _Answer(orjson.dumps({"reward": 1.0, "echo": json["expected_answer"]}))
+
+
+def test_whole_pipeline_file_to_file_keeps_memory_flat(tmp_path):
+    def run(n: int) -> Callable[[], None]:
+        def go() -> None:
+            src = tmp_path / f"in{n}.jsonl"
+            with open(src, "wb") as f:
+                for raw in _tiny_rows(n):
+                    f.write(raw + b"\n")
+            paths = CollectionPaths(tmp_path / f"out{n}.jsonl")
+            materialize_input_file(
+                src, paths.materialized_inputs, agent_name="g", known_agents={"g"}, validate_params=False
+            )
+            client = _InstantAgent()
+
+            async def collect() -> None:
+                with open(paths.output, "wb") as out:
+                    async for res in iter_rollouts(
+                        iter_pending_rows(paths.materialized_inputs), server_client=client, num_samples_in_parallel=32
+                    ):
+                        assert res.ok
+                        out.write(orjson.dumps(res.result) + b"\n")
+
+            asyncio.run(collect())
+            assert client.max_in_flight <= 32
+            assert sum(1 for _ in open(paths.output, "rb")) == n
+
+        return go
+
+    small = _peak_bytes(run(1_000))
+    big = _peak_bytes(run(10_000))
+    per_line = (big - small) / 9_000
+    assert per_line < 300, f"{per_line:.0f} bytes per input line"
+
+
+# ------------------------------------------------------------------------------------------ iter_rollouts
+
+
+def mock_client(handler, agents=("agent",)) -> ServerClient:
+    cfg = {name: {"responses_api_agents": {"impl": {"host": "127.0.0.1", "port": 9, "entrypoint": "app.py"}}} for name in agents}
+    return ServerClient(global_config_dict=cfg, transport=httpx.MockTransport(handler))
+
+
+async def collect_all(rows, client, **kw) -> list:
+    return [r async for r in iter_rollouts(rows, server_client=client, **{"retry_backoff_s": 0.001, **kw})]
+
+
+async def test_results_arrive_in_completion_order_with_indices_and_bounded_parallelism():
+    in_flight = {"now": 0, "max": 0}
+    release: dict[int, asyncio.Event] = {}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        row = orjson.loads(request.content)
+        in_flight["now"] += 1
+        in_flight["max"] = max(in_flight["max"], in_flight["now"])
+        # Task 0 waits until task 2 has finished: completion order differs from input order.
+        if row[T] == 0:
+            await release.setdefault(0, asyncio.Event()).wait()
+        if row[T] == 2:
+            release.setdefault(0, asyncio.Event()).set()
+        in_flight["now"] -= 1
+        return httpx.Response(200, json={"reward": float(row[T]), "seen_row": row["x"]})
+
+    rows = [{"responses_create_params": params(), "agent_ref": {"name": "agent"}, "x": i, T: i, R: 0} for i in range(6)]
+    results = await collect_all(rows, mock_client(handler), num_samples_in_parallel=3)
+    order = [r.task_index for r in results]
+    assert sorted(order) == list(range(6))
+    assert order.index(2) < order.index(0)
+    assert in_flight["max"] <= 3
+    first = next(r for r in results if r.task_index == 4)
+    assert first.ok and first.attempts == 1 and first.agent_name == "agent"
+    assert first.result == {"reward": 4.0, "seen_row": 4, T: 4, R: 0}
+
+
+async def test_agent_name_is_used_for_rows_without_agent_ref_and_rows_are_not_mutated():
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.port)
+        return httpx.Response(200, json={"reward": 0.0})
+
+    client = mock_client(handler, agents=("agent", "other"))
+    client.global_config_dict["other"]["responses_api_agents"]["impl"]["port"] = 10
+    rows = [{"responses_create_params": params()}, {"responses_create_params": params(), "agent_ref": {"name": "other"}}]
+    snapshot = json.loads(json.dumps(rows))
+    results = await collect_all(rows, client, agent_name="agent")
+    assert sorted(seen) == [9, 10]
+    assert {r.agent_name for r in results} == {"agent", "other"}
+    assert rows == snapshot
+
+
+async def test_transient_errors_are_retried_then_succeed():
+    calls = {"n": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise httpx.ConnectError("connection refused", request=request)
+        if calls["n"] == 2:
+            return httpx.Response(503, text="busy")
+        if calls["n"] == 3:
+            return httpx.Response(429, text="slow down")
+        return httpx.Response(200, json={"reward": 1.0})
+
+    (res,) = await collect_all([{"responses_create_params": params(), T: 0, R: 0}], mock_client(handler), agent_name="agent", max_attempts=4)
+    assert res.ok and res.attempts == 4 and res.reward == 1.0
+
+
+async def test_persistent_5xx_becomes_a_failure_record_after_max_attempts():
+    calls = {"n": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        return httpx.Response(
+            500, text="POST http://127.0.0.1:5/verify (server `math_resources`) failed after 4 attempts: ConnectError"
+        )
+
+    row = {"responses_create_params": params(), "agent_ref": {"name": "agent"}, T: 3, R: 1}
+    (res,) = await collect_all([row], mock_client(handler), max_attempts=3)
+    assert calls["n"] == 3
+    assert not res.ok and res.result is None
+    record = res.failure_record()
+    assert record[T] == 3 and record[R] == 1
+    assert record["error_type"] == "HTTPError" and record["status_code"] == 500
+    assert record["attempts"] == 3 and record["agent_name"] == "agent"
+    assert record["server"] == "math_resources"  # the innermost server the error names
+    assert "HTTP 500" in record["message"]
+    assert record["row"] == row
+
+
+async def test_client_errors_are_not_retried():
+    calls = {"n": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        return httpx.Response(422, json={"detail": "bad"})
+
+    (res,) = await collect_all([{"responses_create_params": params()}], mock_client(handler), agent_name="agent")
+    assert calls["n"] == 1 and res.error_type == "HTTPError" and res.status_code == 422 and res.attempts == 1
+
+
+async def test_connection_errors_exhaust_attempts_and_name_the_agent():
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    (res,) = await collect_all([{"responses_create_params": params()}], mock_client(handler), agent_name="agent", max_attempts=2)
+    assert res.error_type == "ConnectError" and res.attempts == 2 and res.server == "agent"
+
+
+async def test_a_non_json_answer_and_a_row_without_agent_are_failures_not_exceptions():
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text="<html>")
+
+    results = await collect_all(
+        [{"responses_create_params": params(), "agent_ref": {"name": "agent"}}, {"responses_create_params": params()}],
+        mock_client(handler),
+    )
+    assert sorted(r.error_type for r in results) == ["InvalidResponse", "NoAgent"]
+
+
+async def test_request_timeout_is_a_retryable_failure():
+    calls = {"n": 0}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        await asyncio.Event().wait()  # never answers
+        raise AssertionError
+
+    (res,) = await collect_all(
+        [{"responses_create_params": params()}], mock_client(handler), agent_name="agent", request_timeout_s=0.05, max_attempts=2
+    )
+    assert res.error_type == "Timeout" and res.attempts == 2 and calls["n"] == 2
+
+
+async def test_async_iterable_input_and_empty_input():
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"reward": 0.5})
+
+    async def rows():
+        for i in range(4):
+            await asyncio.sleep(0)
+            yield {"responses_create_params": params(), T: i, R: 0}
+
+    results = await collect_all(rows(), mock_client(handler), agent_name="agent")
+    assert sorted(r.task_index for r in results) == [0, 1, 2, 3]
+    assert await collect_all([], mock_client(handler), agent_name="agent") == []
+
+
+async def test_an_error_in_the_row_source_propagates():
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"reward": 0.5})
+
+    def rows():
+        yield {"responses_create_params": params()}
+        raise RuntimeError("source broke")
+
+    with pytest.raises(RuntimeError, match="source broke"):
+        await collect_all(rows(), mock_client(handler), agent_name="agent")
+
+
+async def test_closing_the_iterator_early_cancels_rollouts_in_flight():
+    started, cancelled = [], []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        row = orjson.loads(request.content)
+        if row[T] == 0:
+            return httpx.Response(200, json={"reward": 1.0})
+        started.append(row[T])
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(row[T])
+            raise
+        raise AssertionError
+
+    rows = [{"responses_create_params": params(), T: i, R: 0} for i in range(4)]
+    gen = iter_rollouts(rows, server_client=mock_client(handler), agent_name="agent")
+    first = await gen.__anext__()
+    assert first.task_index == 0
+    await gen.aclose()
+    assert sorted(cancelled) == sorted(started)
+
+
+# ------------------------------------------------------------------------------------------------- resume
+
+
+def test_repair_cuts_only_a_torn_last_line(tmp_path):
+    p = tmp_path / "o.jsonl"
+    p.write_bytes(b'{"a": 1}\n{"b": 2}\n{"c": ')
+    assert repair_jsonl_tail(p) == len(b'{"c": ')
+    assert p.read_bytes() == b'{"a": 1}\n{"b": 2}\n'
+    assert repair_jsonl_tail(p) == 0
+    p.write_bytes(b'{"only": "torn')
+    repair_jsonl_tail(p)
+    assert p.read_bytes() == b""
+    assert repair_jsonl_tail(tmp_path / "missing.jsonl") == 0
+
+
+def test_finished_keys_ignore_unreadable_lines(tmp_path):
+    p = write_jsonl(tmp_path / "o.jsonl", [{T: 0, R: 0}, "garbage", {T: 1, R: 2}, {"no": "index"}])
+    found, bad = read_finished_keys(p)
+    assert bad == 2 and len(found) == 2
+
+
+class FakeStack:
+    """An in-process agent: /run answers with the row's `expected` as reward, or fails for chosen tasks."""
+
+    def __init__(self) -> None:
+        self.failing: set[int] = set()
+        self.calls: list[tuple[int, int]] = []
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        row = orjson.loads(request.content)
+        self.calls.append((row[T], row[R]))
+        if row[T] in self.failing:
+            return httpx.Response(500, text="resources server unreachable")
+        return httpx.Response(200, json={"reward": row["expected"], "correct": row["expected"] == 1.0, "seed": row["responses_create_params"].get("seed")})
+
+    def client(self) -> ServerClient:
+        return mock_client(self.handler, agents=("agent",))
+
+
+def config(tmp_path: Path, **overrides: Any) -> RolloutCollectionConfig:
+    base = dict(
+        input_jsonl_fpath=str(tmp_path / "in.jsonl"),
+        output_jsonl_fpath=str(tmp_path / "out" / "rollouts.jsonl"),
+        agent_name="agent",
+        retry_backoff_s=0.001,
+        progress_bar=False,
+    )
+    return RolloutCollectionConfig(**{**base, **overrides})
+
+
+def make_input(tmp_path: Path, n: int = 4) -> None:
+    write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": params(f"q{i}"), "expected": float(i % 2)} for i in range(n)])
+
+
+def test_collection_writes_every_file_and_resume_reruns_failed_and_torn_rollouts_only(tmp_path, capsys):
+    make_input(tmp_path)
+    stack = FakeStack()
+    stack.failing = {1}
+    cfg = config(tmp_path, num_repeats=2, num_repeats_add_seed=True, max_attempts=2)
+    paths = CollectionPaths(Path(cfg.output_jsonl_fpath))
+
+    assert run_from_config(cfg, server_client=stack.client()) == 1
+    out = read_jsonl(paths.output)
+    assert sorted(keys(out)) == [(0, 0), (0, 1), (2, 0), (2, 1), (3, 0), (3, 1)]
+    assert {(r[T], r[R]): r["seed"] for r in out} == {(0, 0): 0, (0, 1): 1, (2, 0): 0, (2, 1): 1, (3, 0): 0, (3, 1): 1}
+    failures = read_jsonl(paths.failures)
+    assert sorted((f[T], f[R]) for f in failures) == [(1, 0), (1, 1)]
+    assert all(f["attempts"] == 2 and f["status_code"] == 500 and f["row"]["expected"] == 1.0 for f in failures)
+    assert keys(read_jsonl(paths.materialized_inputs)) == [(t, r) for t in range(4) for r in range(2)]
+    assert paths.reward_profiling.exists() and paths.agent_metrics.exists()
+    assert "2 rollout(s) failed" in capsys.readouterr().err
+
+    # The process died while writing a line: a torn tail. One finished rollout is also "lost" from the file.
+    kept = [json.dumps(r) for r in out if (r[T], r[R]) != (3, 1)]
+    paths.output.write_text("\n".join(kept) + "\n" + '{"reward": 1.0, "_ng_task_index": 3, "_ng_rol')
+    stack.failing = set()
+    stack.calls.clear()
+    assert run_from_config(config(tmp_path, num_repeats=2, num_repeats_add_seed=True, resume_from_cache=True), server_client=stack.client()) == 0
+    assert sorted(stack.calls) == [(1, 0), (1, 1), (3, 1)]  # nothing finished ran again
+    final = read_jsonl(paths.output)  # every line parses: the torn tail was cut
+    assert sorted(keys(final)) == [(t, r) for t in range(4) for r in range(2)]
+    assert not paths.failures.exists()
+    metrics = json.loads(paths.agent_metrics.read_text())
+    assert metrics[0]["agent_ref"] == {"name": "agent"} and metrics[0]["num_rollouts"] == 8
+    assert metrics[0]["mean/reward"] == 0.5 and metrics[0]["pass@1"] == 0.5 and metrics[0]["pass@2"] == 0.5
+    assert len(read_jsonl(paths.reward_profiling)) == 4
+
+
+def test_resume_without_an_output_file_starts_fresh_and_a_fresh_run_truncates(tmp_path):
+    make_input(tmp_path, 2)
+    stack = FakeStack()
+    cfg = config(tmp_path, resume_from_cache=True)
+    assert run_from_config(config(tmp_path, resume_from_cache=True, progress_bar=True), server_client=stack.client()) == 0
+    assert len(stack.calls) == 2
+    assert run_from_config(config(tmp_path), server_client=stack.client()) == 0  # not resuming: starts over
+    assert len(read_jsonl(CollectionPaths(Path(cfg.output_jsonl_fpath)).output)) == 2
+    assert len(stack.calls) == 4
+    assert run_from_config(cfg, server_client=stack.client()) == 0  # resuming a complete file: no calls
+    assert len(stack.calls) == 4
+
+
+def test_resume_reuses_the_materialized_inputs_of_the_first_run(tmp_path):
+    make_input(tmp_path, 3)
+    stack = FakeStack()
+    stack.failing = {2}
+    assert run_from_config(config(tmp_path, max_attempts=1), server_client=stack.client()) == 1
+    make_input(tmp_path, 5)  # the input changed since: the resumed run finishes the original job
+    stack.failing = set()
+    assert run_from_config(config(tmp_path, resume_from_cache=True), server_client=stack.client()) == 0
+    assert sorted(keys(read_jsonl(tmp_path / "out" / "rollouts.jsonl"))) == [(0, 0), (1, 0), (2, 0)]
+
+
+def test_bad_input_fails_before_any_rollout_and_keeps_the_old_output(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", [{"responses_create_params": params("a")}, {"responses_create_params": params("b"), "agent_ref": {"name": "nope"}}])
+    out = tmp_path / "out" / "rollouts.jsonl"
+    out.parent.mkdir()
+    out.write_text('{"old": true}\n')
+    stack = FakeStack()
+    with pytest.raises(InputValidationError, match=r"in\.jsonl:2: unknown agent `nope`"):
+        run_from_config(config(tmp_path), server_client=stack.client())
+    assert stack.calls == []
+    assert out.read_text() == '{"old": true}\n'
+
+
+def test_unreachable_head_server_is_exit_code_1(tmp_path, capsys):
+    make_input(tmp_path, 1)
+    from tests.conftest import free_port
+
+    code = run_from_config(config(tmp_path), head_server_config={"host": "127.0.0.1", "port": free_port()})
+    assert code == 1
+    assert "head server" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ command
+
+
+def test_help_lists_every_parameter(capsys):
+    assert collect_rollouts_main(["+h=true"]) == 0
+    text = capsys.readouterr().out
+    for name in (
+        "agent_name", "input_jsonl_fpath", "output_jsonl_fpath", "limit", "num_repeats", "num_repeats_add_seed",
+        "num_samples_in_parallel", "responses_create_params", "resume_from_cache", "max_attempts", "request_timeout_s",
+    ):
+        assert f"+{name}" in text
+
+
+def test_missing_parameters_are_a_config_error_with_exit_code_2(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert collect_rollouts_main(["+input_jsonl_fpath=x.jsonl"]) == 2
+    assert "output_jsonl_fpath" in capsys.readouterr().err
+
+
+def test_config_parses_overrides_from_the_command_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    from nemo_gym.global_config import parse_global_config
+
+    cfg = parse_global_config(
+        [
+            "+input_jsonl_fpath=in.jsonl",
+            "+output_jsonl_fpath=out.jsonl",
+            "+num_repeats=3",
+            "+num_repeats_add_seed=true",
+            "+responses_create_params.temperature=0.6",
+            "+responses_create_params.max_output_tokens=128",
+        ],
+        allocate_ports=False,
+    )
+    c = RolloutCollectionConfig.from_global_config(cfg)
+    assert c.num_repeats == 3 and c.num_repeats_add_seed is True
+    assert c.responses_create_params == {"temperature": 0.6, "max_output_tokens": 128}
+    assert c.max_attempts == 3 and c.num_samples_in_parallel is None and c.resume_from_cache is False
+
+
+INTERRUPTIBLE = """
+import asyncio, sys, httpx
+from nemo_gym.rollout_collection import RolloutCollectionConfig, run_from_config
+from nemo_gym.server_client import ServerClient
+
+async def handler(request):
+    print("started", flush=True)
+    await asyncio.Event().wait()
+
+cfg = {"agent": {"responses_api_agents": {"impl": {"host": "127.0.0.1", "port": 9}}}}
+client = ServerClient(global_config_dict=cfg, transport=httpx.MockTransport(handler))
+config = RolloutCollectionConfig(
+    input_jsonl_fpath=sys.argv[1], output_jsonl_fpath=sys.argv[2], agent_name="agent", progress_bar=False
+)
+sys.exit(run_from_config(config, server_client=client))
+"""
+
+
+def test_ctrl_c_stops_cleanly_with_exit_code_130_and_a_resume_hint(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    make_input(tmp_path, 3)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTIBLE, str(tmp_path / "in.jsonl"), str(tmp_path / "o.jsonl")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Interrupted" in err and "resume_from_cache=true" in err and "Traceback" not in err
+    assert (tmp_path / "o_materialized_inputs.jsonl").exists()
