@@ -51,7 +51,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 NOT_AVAILABLE = {
-    "e2e_collect_rollouts": "the collection issue",
     "test": "the environment-library issue",
     "test_all": "the environment-library issue",
     "init_resources_server": "the environment-library issue",
@@ -238,7 +237,15 @@ def _reward_profile(args: list[str]) -> int:
     return reward_profile_main(args)
 
 
+@cli_errors("e2e_collect_rollouts")
+def _e2e_collect_rollouts(args: list[str]) -> int:
+    from nemo_gym.e2e_collection import e2e_collect_rollouts_main
+
+    return e2e_collect_rollouts_main(args)
+
+
 HANDLERS: dict[str, Callable[[list[str]], int]] = {
+    "e2e_collect_rollouts": _e2e_collect_rollouts,
     "collect_rollouts": _collect_rollouts,
     "reward_profile": _reward_profile,
     "prepare_data": _prepare_data,

@@ -64,7 +64,7 @@ def test_ng_help_command_lists_commands():
 
 
 def test_unavailable_command_says_so():
-    result = run_cli("e2e_collect_rollouts", "+agent_name=x")
+    result = run_cli("test_all")
     assert result.returncode == 1
     assert "not available yet" in result.stderr
 

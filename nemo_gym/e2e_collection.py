@@ -1,0 +1,89 @@
+"""`ng_e2e_collect_rollouts`: one command from configs to scored rollouts.
+
+Prepares the chosen split of the agents' datasets (`ng_prepare_data`), starts the stack (`ng_run`), collects
+rollouts over the prepared rows (`ng_collect_rollouts`, with profiling), and stops the stack, whatever happens.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import Field
+
+from nemo_gym.config_types import BaseNeMoGymCLIConfig, wants_help
+from nemo_gym.errors import NeMoGymConfigError
+
+COMMAND_NAME = "ng_e2e_collect_rollouts"
+
+
+class E2ERolloutCollectionConfig(BaseNeMoGymCLIConfig):
+    """Start the stack, prepare a dataset split, collect and profile rollouts, stop the stack.
+
+    Example: ng_e2e_collect_rollouts "+config_paths=[configs/quickstart.yaml]" +split=example
+    +output_jsonl_fpath=results/quickstart.jsonl"""
+
+    output_jsonl_fpath: str = Field(description="Where to write the rollouts (JSONL).")
+    split: Literal["train", "validation", "example"] = Field(
+        description="Which datasets to run: the agents' `train`, `validation` or `example` datasets."
+    )
+    num_repeats: Optional[int] = Field(default=None, description="Rollouts per row (null = 1).")
+    num_samples_in_parallel: Optional[int] = Field(default=None, description="Maximum rollouts in flight.")
+    responses_create_params: dict[str, Any] = Field(
+        default_factory=dict, description="Merged over every row's responses_create_params."
+    )
+    limit: Optional[int] = Field(default=None, description="Use only the first `limit` rows.")
+
+
+def e2e_collect_rollouts_main(args: list[str]) -> int:
+    if wants_help(args):
+        sys.stdout.write(E2ERolloutCollectionConfig.help_text(COMMAND_NAME))
+        return 0
+    from nemo_gym.global_config import get_head_server_config, parse_global_config
+    from nemo_gym.launcher import RunHelper, ServerCrashed
+    from nemo_gym.rollout_collection import RolloutCollectionConfig, run_from_config
+    from nemo_gym.train_data_utils import TrainDataProcessorConfig, prepare_data
+
+    cfg = parse_global_config(
+        args, initial_global_config_dict={"policy_base_url": "", "policy_api_key": "", "policy_model_name": ""}
+    )
+    params = E2ERolloutCollectionConfig.from_global_config(cfg)
+    output = Path(params.output_jsonl_fpath)
+    prepared_dir = output.parent / "preprocessed_datasets"
+    mode = "example_validation" if params.split == "example" else "train_preparation"
+    prepared = prepare_data(TrainDataProcessorConfig(output_dirpath=str(prepared_dir), mode=mode), cfg)
+    if params.split not in prepared:
+        raise NeMoGymConfigError(
+            f"No `{params.split}` datasets in the configured agents (found: {', '.join(sorted(prepared)) or 'none'})."
+        )
+    input_path = prepared[params.split]
+    print(f"Prepared {params.split} data: {input_path}")
+
+    helper = RunHelper(cfg)
+    # SIGTERM ends the run like Ctrl-C: the stack is stopped in `finally`.
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        helper.prepare()
+        helper.start_ray()
+        helper.start_head()
+        helper.start_servers()
+        helper.print_ready_table(helper.wait_until_ready())
+        collection = RolloutCollectionConfig(
+            input_jsonl_fpath=str(input_path),
+            output_jsonl_fpath=str(output),
+            num_repeats=params.num_repeats,
+            num_samples_in_parallel=params.num_samples_in_parallel,
+            responses_create_params=params.responses_create_params,
+            limit=params.limit,
+        )
+        return run_from_config(collection, head_server_config=get_head_server_config(cfg))
+    except ServerCrashed as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        helper.shutdown()
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,230 @@
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from nemo_gym.openai_utils import NeMoGymResponse
+from nemo_gym.server_utils import ServerClient
+from resources_servers.xlam_fc.app import (
+    XlamFcResourcesServer,
+    XlamFcResourcesServerConfig,
+    XlamFcVerifyRequest,
+    json_equal,
+    parse_arguments,
+)
+
+DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
+PARAMS = {"input": [{"role": "user", "content": "Weather in Lisbon and Porto?"}]}
+LISBON = {"name": "get_weather", "arguments": {"city": "Lisbon", "unit": "celsius"}}
+PORTO = {"name": "get_weather", "arguments": {"city": "Porto", "unit": "celsius"}}
+
+
+def make_server() -> XlamFcResourcesServer:
+    config = XlamFcResourcesServerConfig(host="127.0.0.1", port=0, entrypoint="app.py", name="xlam_fc", domain="agent")
+    server_client = ServerClient(head_server_config=None, global_config_dict={})
+    return XlamFcResourcesServer(config=config, server_client=server_client)
+
+
+def call(name: str, arguments, call_id: str = "call_1") -> dict:
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments)
+    return {"type": "function_call", "name": name, "arguments": arguments, "call_id": call_id}
+
+
+def message(text: str) -> dict:
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+def make_response(*output: dict) -> NeMoGymResponse:
+    return NeMoGymResponse(id="resp_1", created_at=0, model="test-model", output=list(output))
+
+
+def verify(*output: dict, expected=(LISBON, PORTO)):
+    body = XlamFcVerifyRequest(
+        responses_create_params=PARAMS, response=make_response(*output), expected_answers=list(expected)
+    )
+    return asyncio.run(make_server().verify(body))
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+@pytest.mark.parametrize(
+    "arguments, parsed",
+    [
+        ('{"a": 1}', {"a": 1}),
+        ({"a": 1}, {"a": 1}),
+        ("{not json", {}),
+        ("[1, 2]", {}),
+        ("null", {}),
+        ("3", {}),
+        (None, {}),
+        ("[" * 100_000, {}),
+    ],
+    ids=["json-object", "dict", "invalid", "array", "null", "number", "none", "too-deep"],
+)
+def test_parse_arguments(arguments, parsed):
+    assert parse_arguments(arguments) == parsed
+
+
+def test_json_equal_keeps_booleans_apart_from_numbers():
+    assert json_equal(1, 1.0)
+    assert not json_equal(True, 1) and not json_equal(0, False)
+    assert json_equal({"a": [1, True]}, {"a": [1.0, True]})
+    assert not json_equal({"a": [1, True]}, {"a": [1, 1]})
+    assert not json_equal([1, 2], [2, 1]) and not json_equal({"a": 1}, {"a": 1, "b": 2})
+
+
+# ----------------------------------------------------------------------------------------------- verify branches
+
+
+def test_all_expected_calls_and_nothing_else_gets_reward_one():
+    result = verify(call("get_weather", PORTO["arguments"], "c2"), call("get_weather", LISBON["arguments"], "c1"))
+    assert result.reward == 1.0  # order does not matter
+    assert (result.num_expected, result.num_predicted, result.num_correct) == (2, 2, 2)
+    assert result.predicted_calls == [PORTO, LISBON]
+    assert result.expected_answers == [LISBON, PORTO]  # echoed
+
+
+def test_extra_predicted_arguments_are_tolerated():
+    result = verify(call("get_weather", {**LISBON["arguments"], "days": 1}), call("get_weather", PORTO["arguments"]))
+    assert result.reward == 1.0
+
+
+def test_missing_call_scores_zero():
+    result = verify(call("get_weather", LISBON["arguments"]))
+    assert result.reward == 0.0 and result.num_correct == 1 and result.num_predicted == 1
+
+
+def test_extra_call_scores_zero():
+    result = verify(
+        call("get_weather", LISBON["arguments"]),
+        call("get_weather", PORTO["arguments"]),
+        call("get_weather", {"city": "Faro"}),
+    )
+    assert result.reward == 0.0 and result.num_correct == 2 and result.num_predicted == 3
+
+
+def test_duplicate_call_cannot_match_twice():
+    result = verify(call("get_weather", LISBON["arguments"]), call("get_weather", LISBON["arguments"]))
+    assert result.reward == 0.0 and result.num_correct == 1
+
+
+@pytest.mark.parametrize(
+    "wrong_call",
+    [
+        call("get_forecast", PORTO["arguments"]),  # wrong name
+        call("get_weather", {"city": "Porto"}),  # expected argument missing
+        call("get_weather", {"city": "porto", "unit": "celsius"}),  # different value (case matters)
+        call("get_weather", {"city": ["Porto"], "unit": "celsius"}),  # different type
+    ],
+    ids=["name", "missing-argument", "value", "type"],
+)
+def test_a_wrong_call_scores_zero(wrong_call):
+    result = verify(call("get_weather", LISBON["arguments"]), wrong_call)
+    assert result.reward == 0.0 and result.num_correct == 1
+
+
+@pytest.mark.parametrize("arguments", ["{not json", "[1]", "null", ""])
+def test_malformed_arguments_count_as_no_arguments(arguments):
+    # Wrong whenever arguments were expected...
+    result = verify(call("get_weather", arguments), expected=[LISBON])
+    assert result.reward == 0.0 and result.predicted_calls == [{"name": "get_weather", "arguments": {}}]
+    # ...and harmless when none were.
+    assert verify(call("get_time", arguments), expected=[{"name": "get_time", "arguments": {}}]).reward == 1.0
+
+
+def test_booleans_do_not_match_numbers():
+    expected = [{"name": "set_alarm", "arguments": {"enabled": True, "volume": 1}}]
+    assert verify(call("set_alarm", {"enabled": True, "volume": 1.0}), expected=expected).reward == 1.0
+    assert verify(call("set_alarm", {"enabled": 1, "volume": 1}), expected=expected).reward == 0.0
+    assert verify(call("set_alarm", {"enabled": True, "volume": True}), expected=expected).reward == 0.0
+
+
+def test_expected_arguments_may_be_a_json_string_or_missing():
+    expected = [{"name": "get_weather", "arguments": json.dumps(LISBON["arguments"])}, {"name": "get_time"}]
+    result = verify(call("get_weather", LISBON["arguments"]), call("get_time", {"zone": "UTC"}), expected=expected)
+    assert result.reward == 1.0
+
+
+def test_no_expected_calls():
+    assert verify(message("Ottawa."), expected=[]).reward == 1.0
+    result = verify(call("search_flights", {}), message("Ottawa."), expected=[])
+    assert result.reward == 0.0 and result.num_predicted == 1
+
+
+def test_only_function_calls_count_as_predictions():
+    result = verify(
+        message('{"name": "get_weather", "arguments": {"city": "Lisbon"}}'),
+        {"type": "function_call_output", "call_id": "c1", "output": "{}"},
+        expected=[LISBON],
+    )
+    assert result.reward == 0.0 and result.num_predicted == 0
+
+
+@pytest.mark.parametrize(
+    "expected",
+    [
+        [{"arguments": {}}],  # no name
+        [{"name": "f", "arguments": "{oops"}],  # arguments not JSON
+        [{"name": "f", "arguments": "[1]"}],  # arguments not an object
+        [{"name": "f", "arguments": 3}],
+    ],
+    ids=["no-name", "invalid-json", "json-array", "number"],
+)
+def test_malformed_expected_answers_are_rejected(expected):
+    with pytest.raises(ValidationError):
+        XlamFcVerifyRequest(responses_create_params=PARAMS, response=make_response(), expected_answers=expected)
+
+
+# ----------------------------------------------------------------------------------------------- over HTTP
+
+
+def test_http_verify_and_unknown_tools():
+    with TestClient(make_server().build_app()) as client:
+        body = {
+            "responses_create_params": PARAMS,
+            "response": make_response(call("get_weather", LISBON["arguments"])).model_dump(mode="json"),
+            "expected_answers": [LISBON],
+        }
+        verified = client.post("/verify", json=body)
+        assert verified.status_code == 200
+        assert verified.json()["reward"] == 1.0 and verified.json()["num_correct"] == 1
+        # The tools are not implemented here: an agent posting a call gets a 404 to show the model.
+        assert client.post("/get_weather", json={"city": "Lisbon"}).status_code == 404
+        assert client.post("/verify", json={**body, "expected_answers": [{"arguments": {}}]}).status_code == 422
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+
+def load_rows() -> list[dict]:
+    return [json.loads(line) for line in DATA_PATH.read_text().splitlines()]
+
+
+def test_example_rows_validate():
+    rows = load_rows()
+    assert len(rows) == 5
+    placeholder = make_response(message("placeholder")).model_dump(mode="json")
+    for row in rows:
+        request = XlamFcVerifyRequest.model_validate({**row, "response": placeholder})
+        offered = {tool["name"] for tool in request.responses_create_params.tools}
+        assert {answer["name"] for answer in request.expected_answers} <= offered
+
+
+def test_example_rows_reward_the_expected_calls():
+    server = make_server()
+    for row in load_rows():
+        calls = [call(a["name"], a["arguments"], f"c{i}") for i, a in enumerate(row["expected_answers"])]
+        response = make_response(*calls, message("Done.")).model_dump(mode="json")
+        body = XlamFcVerifyRequest.model_validate({**row, "response": response})
+        assert asyncio.run(server.verify(body)).reward == 1.0
