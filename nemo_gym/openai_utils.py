@@ -943,6 +943,19 @@ def _dumps(body: Any) -> bytes:
     return orjson.dumps(body, default=_json_default, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
 
 
+class _SharedTransport(httpx.AsyncBaseTransport):
+    """Borrows the process-wide transport; closing a client that uses it must not close it for everyone."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport):
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        pass
+
+
 class NeMoGymAsyncOpenAI:
     """Minimal async client for OpenAI-compatible servers (OpenAI, vLLM, SGLang, ...). Returns parsed JSON dicts.
 
@@ -1020,8 +1033,14 @@ class NeMoGymAsyncOpenAI:
         loop = asyncio.get_running_loop()
         if self._http is None or self._http_loop is not loop or self._http.is_closed:
             # A client's connections belong to the loop that opened them; a new loop gets a new client.
+            transport = self._transport
+            if transport is None:
+                # The process-wide aiohttp-backed transport: far less CPU per call than httpcore's pool.
+                from nemo_gym.server_client import _get_state
+
+                transport = _SharedTransport(_get_state().transport)
             self._http = httpx.AsyncClient(
-                headers=self._headers, timeout=self._timeout, limits=self._limits, transport=self._transport
+                headers=self._headers, timeout=self._timeout, limits=self._limits, transport=transport
             )
             self._http_loop = loop
         return self._http

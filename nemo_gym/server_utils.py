@@ -622,6 +622,7 @@ class SimpleServer(BaseServer):
         if num_workers <= 1:
             config = uvicorn.Config(app, **common)
             install_access_log_filter(show_200_ok)
+            tune_gc_for_serving()
             server = uvicorn.Server(config)
             with _exit_quietly_on_signals():
                 server.run(sockets=[sock] if sock is not None else None)
@@ -652,6 +653,19 @@ class SimpleServer(BaseServer):
             supervisor.run()
         if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
             raise SystemExit(STARTUP_FAILURE)
+
+
+def tune_gc_for_serving(gen0_threshold: int = 20_000) -> None:
+    """Move everything allocated at start-up (modules, models, the app) out of the collector's sight and make
+    young-generation collections rarer. With thousands of requests in flight, CPython's default thresholds make
+    the collector rescan the same long-lived objects over and over; measured on the client benchmark this cut
+    CPU per request by about half."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(gen0_threshold, gen1, gen2)
 
 
 # --------------------------------------------------------------------------------------------------------

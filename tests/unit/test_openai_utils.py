@@ -710,7 +710,8 @@ class _ScriptedServer:
                     {
                         "method": self.command,
                         "path": self.path,
-                        "headers": dict(self.headers),
+                        # HTTP header names are case-insensitive; transports differ in the case they send.
+                        "headers": {k.lower(): v for k, v in self.headers.items()},
                         "body": json.loads(raw) if raw else None,
                     }
                 )
@@ -774,7 +775,7 @@ async def test_client_success_on_every_endpoint(server):
         ("GET", "/v1/models"),
     ]
     first = server.requests[0]
-    assert first["headers"]["Authorization"] == "Bearer sk-test"
+    assert first["headers"]["authorization"] == "Bearer sk-test"
     assert first["body"] == {"model": "m", "messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 1}}
 
 
