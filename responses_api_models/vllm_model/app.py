@@ -1,0 +1,421 @@
+"""vllm_model: the Responses API in front of any Chat Completions server (vLLM, SGLang, llama.cpp, Ollama, ...).
+
+`POST /v1/responses` converts the request to Chat Completions (`nemo_gym.chat_conversion`), calls the upstream's
+`/chat/completions` and converts the answer back; `POST /v1/chat/completions` calls the upstream with the same
+preparation (model name, developer role, `<think>` handling, chat-template kwargs, training token data). With
+`is_responses_native: true` `/v1/responses` is forwarded to the upstream's own `/responses` instead.
+
+Behaviour in short (details and the differences from NeMo Gym v0.2 are in README.md):
+
+* `base_url` may list several upstreams: a session (the caller's cookie, i.e. one rollout) sticks to one of them,
+  new sessions are spread round robin.
+* `instructions` becomes a leading system message; Responses fields with no Chat Completions equivalent are
+  logged once per field name.
+* Reasoning: `<think>...</think>` text <-> reasoning items; with `uses_reasoning_parser` the upstream's
+  `reasoning_content` / `reasoning` fields are used in both directions.
+* Training (`return_token_id_information`): the upstream is asked for `logprobs` with
+  `return_tokens_as_token_ids`; the last output item carries `prompt_token_ids` (from the upstream's
+  `POST /tokenize`, run concurrently with the generation), `generation_token_ids` and `generation_log_probs`.
+* An upstream HTTP 400 about the context length becomes an empty assistant message with
+  `incomplete_details: {reason: max_output_tokens}`; other upstream errors come back with the upstream's status
+  and message; an unreachable upstream is HTTP 502.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.cookiejar
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, Optional, Union
+
+import httpx
+import orjson
+from fastapi import Body, Request
+from fastapi.responses import Response
+from omegaconf import DictConfig
+from pydantic import PrivateAttr, model_validator
+
+from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
+from nemo_gym.chat_conversion import (
+    ChatConversionError,
+    chat_completion_to_response,
+    empty_chat_completion,
+    extract_think,
+    fold_reasoning_into_content,
+    generation_tokens_from_logprobs,
+    is_context_length_error,
+    prepare_chat_messages,
+    responses_to_chat_params,
+)
+from nemo_gym.openai_utils import (
+    NeMoGymAsyncOpenAI,
+    NeMoGymChatCompletionCreateParamsNonStreaming,
+    NeMoGymOpenAIError,
+    NeMoGymResponseCreateParamsNonStreaming,
+)
+from nemo_gym.server_client import DEFAULT_TIMEOUT, get_global_transport
+from nemo_gym.server_utils import SESSION_ID_KEY
+
+LOG = logging.getLogger("nemo_gym.vllm_model")
+
+# Sessions remembered for stickiness (least recently used first out); a forgotten session is simply re-assigned.
+MAX_STICKY_SESSIONS = 100_000
+# Keys of the chat request that the upstream's /tokenize needs to render the same prompt.
+_TOKENIZE_KEYS = (
+    "model", "messages", "tools", "chat_template", "chat_template_kwargs", "add_generation_prompt",
+    "continue_final_message", "documents", "mm_processor_kwargs",
+)
+# Per-request overrides carried in Responses `metadata` (its values are strings, so these are JSON strings).
+_METADATA_OVERRIDES = ("chat_template_kwargs", "extra_body")
+
+
+class VLLMModelConfig(BaseResponsesAPIModelConfig):
+    base_url: Union[str, list[str]]
+    api_key: Optional[str] = None
+    model: str
+    return_token_id_information: bool
+    uses_reasoning_parser: bool
+    replace_developer_role_with_system: bool = False
+    sequential_reasoning_allowed: bool = True
+    is_responses_native: bool = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    extra_body: Optional[dict[str, Any]] = None
+    # Ours: upstream requests per call (429/5xx and connection errors are retried with backoff).
+    max_attempts: int = 3
+
+    @model_validator(mode="after")
+    def _check(self) -> "VLLMModelConfig":
+        if not self.base_urls:
+            raise ValueError("base_url must name at least one upstream (e.g. http://127.0.0.1:8000/v1)")
+        if self.is_responses_native:
+            unsupported = [
+                name
+                for name, on in (
+                    ("return_token_id_information: true", self.return_token_id_information),
+                    ("sequential_reasoning_allowed: false", not self.sequential_reasoning_allowed),
+                )
+                if on
+            ]
+            if unsupported:
+                raise ValueError(
+                    f"is_responses_native: true forwards /v1/responses to the upstream as is, so "
+                    f"{' and '.join(unsupported)} cannot be applied; use the Chat Completions path "
+                    f"(is_responses_native: false) for that."
+                )
+        return self
+
+    @property
+    def base_urls(self) -> list[str]:
+        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+
+
+def _json_response(data: Any, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status_code, media_type="application/json")
+
+
+def _error_response(exc: BaseException) -> Response:
+    if isinstance(exc, NeMoGymOpenAIError):
+        return _json_response(
+            {"error": {"upstream_status": exc.status, "message": exc.body, "type": "upstream_error"}}, exc.status
+        )
+    if isinstance(exc, ChatConversionError):
+        return _json_response({"error": {"message": str(exc), "type": "invalid_request_error"}}, 400)
+    if isinstance(exc, httpx.TransportError):
+        where = ""
+        try:
+            where = f" {exc.request.url}"
+        except RuntimeError:
+            pass
+        message = f"upstream{where} unreachable: {type(exc).__name__}: {exc}"
+        return _json_response({"error": {"message": message, "type": "upstream_error"}}, 502)
+    raise exc
+
+
+def _json_object(text: Any, where: str) -> dict:
+    if text is None or text == "":
+        return {}
+    if isinstance(text, dict):
+        return text
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ChatConversionError(f"{where} must be a JSON object encoded as a string: {exc}") from None
+    if not isinstance(value, dict):
+        raise ChatConversionError(f"{where} must be a JSON object encoded as a string, got {text!r}")
+    return value
+
+
+def _ends_with_bare_assistant(messages: list[dict]) -> bool:
+    """The last message is an assistant message with no tool call and no text besides reasoning."""
+    if not messages:
+        return False
+    last = messages[-1]
+    if last.get("role") != "assistant" or last.get("tool_calls"):
+        return False
+    content = last.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    if not content:
+        return True
+    return not extract_think(content)[1].strip()
+
+
+class _BufferedAsyncClient(httpx.AsyncClient):
+    """An httpx client over the process's shared transport whose requests are read in one go: the shared aiohttp
+    transport then skips its per-chunk streaming layers (the `nemo_gym_buffered` extension, as ServerClient uses).
+    It never closes the shared transport (nothing here calls `aclose`) and keeps no cookies (an upstream's session
+    cookie must not leak from one rollout into another)."""
+
+    def build_request(self, *args: Any, **kwargs: Any) -> httpx.Request:
+        request = super().build_request(*args, **kwargs)
+        request.extensions["nemo_gym_buffered"] = True
+        return request
+
+
+def _retrieve_exception(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+class VLLMModel(SimpleResponsesAPIModel):
+    config: VLLMModelConfig
+
+    _clients: list[NeMoGymAsyncOpenAI] = PrivateAttr(default_factory=list)
+    _clients_loop: Any = PrivateAttr(default=None)
+    _session_client: "OrderedDict[str, int]" = PrivateAttr(default_factory=OrderedDict)
+    _next_client: int = PrivateAttr(default=0)
+    _reported: set[str] = PrivateAttr(default_factory=set)
+
+    async def _upstream_clients(self) -> list[NeMoGymAsyncOpenAI]:
+        """One client per base_url, over the process's shared HTTP transport of the running loop (aiohttp by
+        default: it sends a request's headers and body in one write, where httpcore needs two)."""
+        loop = asyncio.get_running_loop()
+        if self._clients_loop is not loop:
+            shared = _BufferedAsyncClient(
+                transport=await get_global_transport(self._global_config()),
+                cookies=http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[])),
+                timeout=DEFAULT_TIMEOUT,
+                follow_redirects=False,
+                trust_env=False,
+            )
+            self._clients = [
+                NeMoGymAsyncOpenAI(
+                    base_url=url, api_key=self.config.api_key, max_attempts=self.config.max_attempts, http_client=shared
+                )
+                for url in self.config.base_urls
+            ]
+            self._clients_loop = loop
+        return self._clients
+
+    def _global_config(self) -> Any:
+        """The global config (for the shared transport's settings), when this server has one."""
+        try:
+            cfg = self.server_client.global_config_dict if self.server_client is not None else None
+        except Exception:  # a ServerClient outside a server process may have no config to load
+            return None
+        return cfg if isinstance(cfg, (Mapping, DictConfig)) else None
+
+    # -- routes ---------------------------------------------------------------------------------------------
+
+    async def responses(self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> Response:
+        params = body.model_dump(exclude_unset=True)
+        session_id = _session_id(request)
+        try:
+            if self.config.is_responses_native:
+                return _json_response(await self.create_native_response_dict(params, session_id=session_id))
+            return _json_response(await self.create_response_dict(params, session_id=session_id))
+        except (NeMoGymOpenAIError, ChatConversionError, httpx.TransportError) as exc:
+            return _error_response(exc)
+
+    async def chat_completions(
+        self, request: Request, body: NeMoGymChatCompletionCreateParamsNonStreaming = Body()
+    ) -> Response:
+        params = body.model_dump(exclude_unset=True)
+        try:
+            return _json_response(await self.create_chat_completion_dict(params, session_id=_session_id(request)))
+        except (NeMoGymOpenAIError, ChatConversionError, httpx.TransportError) as exc:
+            return _error_response(exc)
+
+    # -- the work, on plain dicts (subclasses and in-process callers use these) -------------------------------
+
+    async def create_response_dict(self, params: dict, *, session_id: Optional[str] = None) -> dict:
+        """Responses create params (the keys the caller set) -> Response dict, through the chat path."""
+        cfg = self.config
+        chat, unmapped = responses_to_chat_params(
+            params,
+            training=cfg.return_token_id_information,
+            replace_developer_role_with_system=cfg.replace_developer_role_with_system,
+            uses_reasoning_parser=cfg.uses_reasoning_parser,
+        )
+        if unmapped:
+            self._report_once(unmapped)
+        completion = await self.create_chat_completion_dict(chat, session_id=session_id, prepared=True)
+        return chat_completion_to_response(params, completion, model=cfg.model)
+
+    async def create_chat_completion_dict(
+        self, body: dict, *, session_id: Optional[str] = None, prepared: bool = False
+    ) -> dict:
+        """Chat Completions params -> chat completion dict from the upstream (post-processed).
+
+        ``prepared``: the messages already had the developer-role and reasoning-parser adjustments (the Responses
+        path does them while converting)."""
+        cfg = self.config
+        body = dict(body)
+        if not prepared and (cfg.replace_developer_role_with_system or cfg.uses_reasoning_parser):
+            body["messages"] = prepare_chat_messages(
+                body.get("messages") or [],
+                replace_developer_role_with_system=cfg.replace_developer_role_with_system,
+                uses_reasoning_parser=cfg.uses_reasoning_parser,
+            )
+        body["model"] = cfg.model
+        body, extra_body = self._apply_overrides(body)
+        if cfg.return_token_id_information:
+            body["logprobs"] = True
+            body["return_tokens_as_token_ids"] = True
+        if "top_logprobs" in body and body["top_logprobs"] is None:
+            # vLLM reads an explicit null as "no logprobs at all".
+            del body["top_logprobs"]
+        if extra_body:
+            body = {**extra_body, **body}
+
+        if not cfg.sequential_reasoning_allowed and _ends_with_bare_assistant(body.get("messages") or []):
+            # The previous step produced only reasoning and this model may not reason twice in a row.
+            return empty_chat_completion(cfg.model, "content_filter")
+
+        client = await self._client_for(session_id)
+        tokenize: Optional[asyncio.Task] = None
+        if cfg.return_token_id_information:
+            tokenize = asyncio.ensure_future(
+                client.create_tokenize(**{k: body[k] for k in _TOKENIZE_KEYS if k in body})
+            )
+            tokenize.add_done_callback(_retrieve_exception)
+        try:
+            completion = await client.create_chat_completion(**body)
+        except NeMoGymOpenAIError as exc:
+            if tokenize is not None:
+                tokenize.cancel()
+            if is_context_length_error(exc.status, exc.body):
+                return empty_chat_completion(cfg.model, "length")
+            raise
+        except BaseException:
+            if tokenize is not None:
+                tokenize.cancel()
+            raise
+
+        prompt_token_ids: Optional[list] = None
+        if tokenize is not None:
+            try:
+                tokens = (await tokenize).get("tokens")
+            except NeMoGymOpenAIError as exc:
+                raise RuntimeError(
+                    f"Training mode (return_token_id_information: true) takes the prompt token ids from the "
+                    f"upstream's POST /tokenize (a vLLM route), which answered HTTP {exc.status}: {exc.body[:500]}"
+                ) from None
+            if not isinstance(tokens, list):
+                raise ValueError(f"The upstream's /tokenize returned no token list (got {tokens!r}).")
+            prompt_token_ids = tokens
+        for choice in completion.get("choices") or ():
+            message = choice.get("message")
+            if not isinstance(message, dict):
+                continue
+            message, folded = fold_reasoning_into_content(message)
+            if folded and not cfg.uses_reasoning_parser:
+                self._report_once(
+                    ["upstream reasoning fields"],
+                    "{name}: the upstream returned reasoning_content/reasoning although uses_reasoning_parser is "
+                    "false; it was kept as <think> text. Set uses_reasoning_parser: true for this upstream.",
+                )
+            if prompt_token_ids is not None:
+                ids, logprobs = generation_tokens_from_logprobs(choice.get("logprobs"))
+                message["prompt_token_ids"] = prompt_token_ids
+                message["generation_token_ids"] = ids
+                message["generation_log_probs"] = logprobs
+                choice.pop("logprobs", None)
+            choice["message"] = message
+        return completion
+
+    async def create_native_response_dict(self, params: dict, *, session_id: Optional[str] = None) -> dict:
+        """`is_responses_native`: forward to the upstream's /responses (model, developer role, overrides applied)."""
+        cfg = self.config
+        body = dict(params)
+        body["model"] = cfg.model
+        if cfg.replace_developer_role_with_system and isinstance(body.get("input"), list):
+            body["input"] = [
+                {**item, "role": "system"} if isinstance(item, dict) and item.get("role") == "developer" else item
+                for item in body["input"]
+            ]
+        body, extra_body = self._apply_overrides(body)
+        if extra_body:
+            body = {**extra_body, **body}
+        return await (await self._client_for(session_id)).create_response(**body)
+
+    # -- helpers --------------------------------------------------------------------------------------------
+
+    def _apply_overrides(self, body: dict) -> tuple[dict, dict]:
+        """`chat_template_kwargs` (config, updated by `metadata.chat_template_kwargs`) set on the body, and the
+        extra body (config, updated by `metadata.extra_body`) to merge under it. The two metadata keys are not
+        forwarded."""
+        cfg = self.config
+        chat_template_kwargs = dict(cfg.chat_template_kwargs or {})
+        extra_body = dict(cfg.extra_body or {})
+        metadata = body.get("metadata")
+        if isinstance(metadata, dict) and any(key in metadata for key in _METADATA_OVERRIDES):
+            metadata = dict(metadata)
+            chat_template_kwargs.update(
+                _json_object(metadata.pop("chat_template_kwargs", None), "metadata.chat_template_kwargs")
+            )
+            extra_body.update(_json_object(metadata.pop("extra_body", None), "metadata.extra_body"))
+            if metadata:
+                body["metadata"] = metadata
+            else:
+                del body["metadata"]
+        if chat_template_kwargs:
+            body["chat_template_kwargs"] = chat_template_kwargs
+        return body, extra_body
+
+    async def _client_for(self, session_id: Optional[str]) -> NeMoGymAsyncOpenAI:
+        """Sticky per session; new sessions (and calls without one) go round robin."""
+        clients = self._clients if self._clients_loop is asyncio.get_running_loop() else await self._upstream_clients()
+        if len(clients) == 1:
+            return clients[0]
+        if session_id is None:
+            index = self._next_client
+            self._next_client = (index + 1) % len(clients)
+            return clients[index]
+        sessions = self._session_client
+        index = sessions.get(session_id)
+        if index is None:
+            index = self._next_client
+            self._next_client = (index + 1) % len(clients)
+            sessions[session_id] = index
+            if len(sessions) > MAX_STICKY_SESSIONS:
+                sessions.popitem(last=False)
+        else:
+            sessions.move_to_end(session_id)
+        return clients[index]
+
+    def _report_once(self, names: list[str], template: Optional[str] = None) -> None:
+        for name in names:
+            if name in self._reported:
+                continue
+            self._reported.add(name)
+            if template is not None:
+                LOG.warning(template.format(name=self.config.name))
+            else:
+                LOG.warning(
+                    "%s: the Responses field %r has no Chat Completions equivalent and is ignored "
+                    "(reported once per field).",
+                    self.config.name,
+                    name,
+                )
+
+
+def _session_id(request: Request) -> Optional[str]:
+    session = request.scope.get("session")
+    return session.get(SESSION_ID_KEY) if isinstance(session, dict) else None
+
+
+if __name__ == "__main__":
+    VLLMModel.run_webserver()
