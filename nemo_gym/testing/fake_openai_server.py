@@ -554,7 +554,9 @@ def build_app(
         if reply is None:
             message = f"fake backend: {problem}. Request: {orjson.dumps(view.summary).decode()}"
             return _json(_error_body(message, "fake_backend_no_matching_rule"), 400)
-        headers = {"x-fake-rule": rule.name.encode("ascii", "replace").decode()}
+        # A header value must be printable ASCII: control characters (a newline in a rule name) would break it.
+        label = "".join(ch if " " <= ch <= "~" else "?" for ch in rule.name)
+        headers = {"x-fake-rule": label}
         extra_delay = reply.get("latency_ms")
         if extra_delay:
             await asyncio.sleep(float(extra_delay) / 1000.0)
