@@ -1,0 +1,489 @@
+import asyncio
+import json
+from pathlib import Path
+from typing import Optional
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.server_utils import ServerClient
+from resources_servers.equivalence_llm_judge.app import (
+    DEFAULT_JUDGE_PROMPT_TEMPLATE,
+    LLMJudgeResourcesServer,
+    LLMJudgeResourcesServerConfig,
+    LLMJudgeVerifyRequest,
+    last_assistant_text,
+    last_match,
+    last_user_text,
+    verdict_of,
+)
+
+DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
+EQ, NEQ = "[[A=B]]", "[[A!=B]]"
+QUESTION = "What is the capital city of Australia?"
+PARAMS = {"input": [{"role": "user", "content": QUESTION}]}
+ANSWER_REGEX = r"Answer:\s*([^\n]+)"
+ROW_REGEX = {"output_regex": ANSWER_REGEX}
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def message(*texts: str, msg_id: str = "msg_1") -> dict:
+    return {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []} for text in texts],
+    }
+
+
+def make_response(*output) -> NeMoGymResponse:
+    output = [message(item) if isinstance(item, str) else item for item in output]
+    return NeMoGymResponse(id="resp_1", created_at=0, model="test-model", output=output)
+
+
+class FakeJudge:
+    """The judge model server behind a real ServerClient (httpx MockTransport): scripted replies, recorded calls.
+
+    A reply is a string (the judge's message text), a dict (a whole Responses object), an int (an HTTP error
+    status) or an Exception (raised by the transport)."""
+
+    def __init__(self, *replies) -> None:
+        self.replies = list(replies)
+        self.calls: list[dict] = []
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/responses"
+        self.calls.append(json.loads(request.content))
+        reply = self.replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        if isinstance(reply, int):
+            return httpx.Response(reply, json={"error": {"message": "judge overloaded"}})
+        if isinstance(reply, str):
+            reply = make_response(reply).model_dump(mode="json")
+        return httpx.Response(200, json=reply)
+
+    def client(self, handler=None) -> ServerClient:
+        config = {"judge": {"responses_api_models": {"openai_model": {"host": "127.0.0.1", "port": 9}}}}
+        transport = httpx.MockTransport(handler or self.handler)
+        return ServerClient(global_config_dict=config, transport=transport, max_attempts=1)
+
+    def prompt(self, index: int) -> str:
+        return self.calls[index]["input"][-1]["content"]
+
+
+def make_server(judge: Optional[FakeJudge] = None, handler=None, **config) -> LLMJudgeResourcesServer:
+    config = LLMJudgeResourcesServerConfig(
+        host="127.0.0.1",
+        port=0,
+        entrypoint="app.py",
+        name="equivalence_llm_judge",
+        domain="knowledge",
+        judge_model_server={"type": "responses_api_models", "name": "judge"},
+        **config,
+    )
+    return LLMJudgeResourcesServer(config=config, server_client=(judge or FakeJudge()).client(handler))
+
+
+def verify(*output, judge: FakeJudge, params=PARAMS, config: Optional[dict] = None, **fields):
+    fields.setdefault("expected_answer", "Canberra")
+    body = LLMJudgeVerifyRequest(responses_create_params=params, response=make_response(*output), **fields)
+    return asyncio.run(make_server(judge, **(config or {})).verify(body))
+
+
+def labels(result) -> list:
+    return [evaluation.verdict_label for evaluation in result.judge_evaluations]
+
+
+# ----------------------------------------------------------------------------------------------- text helpers
+
+
+@pytest.mark.parametrize(
+    "pattern, text, found",
+    [
+        (ANSWER_REGEX, "Answer: Paris\nAnswer: Canberra", "Canberra"),  # the last match
+        (r"Answer:\s*(\w+)|Final:\s*(\w+)", "Final: Canberra", "Canberra"),  # the first non-empty group
+        (r"Answer:\s*()(\w*)", "Answer: Canberra", "Canberra"),  # empty groups are skipped
+        (r"Canberra", "It is Canberra.", "Canberra"),  # no groups: the whole match
+        (r"Answer:\s*(.+)", "Answer: a\nb", "a\nb"),  # dot matches newlines
+        (r"^Answer: (\w+)$", "x\nAnswer: Canberra\ny", "Canberra"),  # multiline anchors
+        (ANSWER_REGEX, "No answer line", None),
+        ("(", "Answer: Canberra", None),  # an invalid pattern extracts nothing
+        (None, "Answer: Canberra", None),
+        ("", "Answer: Canberra", None),
+    ],
+)
+def test_last_match(pattern, text, found):
+    assert last_match(pattern, text) == found
+
+
+def test_last_assistant_text_reads_only_the_last_message():
+    response = make_response(
+        message("first message", msg_id="m1"),
+        {"type": "function_call", "name": "f", "arguments": "{}", "call_id": "c1"},
+        {"type": "function_call_output", "call_id": "c1", "output": "tool says Sydney"},
+        message("part one", " part two ", msg_id="m2"),
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "thinking"}]},
+    )
+    assert last_assistant_text(response) == "part one\n part two"
+    assert last_assistant_text(make_response()) == ""
+    assert last_assistant_text(make_response({"type": "message", "role": "assistant", "content": " hi "})) == "hi"
+
+
+def test_last_user_text():
+    assert last_user_text(NeMoGymResponseCreateParamsNonStreaming(input=" plain ")) == "plain"
+    params = NeMoGymResponseCreateParamsNonStreaming(
+        input=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "first question"},
+            {"role": "assistant", "content": "an answer"},
+            {
+                "role": "user",
+                "content": [{"type": "input_text", "text": "second"}, {"type": "input_text", "text": "question"}],
+            },
+        ]
+    )
+    assert last_user_text(params) == "second\nquestion"
+    assert last_user_text(NeMoGymResponseCreateParamsNonStreaming(input=[{"role": "system", "content": "x"}])) == ""
+
+
+def test_verdict_of():
+    assert verdict_of(make_response(f"same {EQ}"), EQ, NEQ) == EQ
+    assert verdict_of(make_response(f"{NEQ} though maybe {EQ}"), EQ, NEQ) == NEQ  # the first label wins
+    assert verdict_of(make_response("no label"), EQ, NEQ) is None
+    assert verdict_of(make_response(message(EQ, "no label in the last part")), EQ, NEQ) is None
+    assert verdict_of(make_response(message(EQ), {"type": "reasoning", "id": "r", "summary": []}), EQ, NEQ) is None
+    assert verdict_of(make_response(), EQ, NEQ) is None
+    assert verdict_of(make_response("<<yes>>"), "<<yes>>", "<<no>>") == "<<yes>>"
+
+
+# ----------------------------------------------------------------------------------------------- verdicts
+
+
+def test_equal():
+    judge = FakeJudge(f"Both name Canberra. {EQ}")
+    result = verify("It is Canberra.", judge=judge)
+    assert result.reward == 1.0 and result.failure_reason is None and result.judge_error is None
+    assert labels(result) == [EQ] and len(judge.calls) == 1
+    assert result.expected_answer == "Canberra" and result.extracted_answer == "It is Canberra."
+    prompt = judge.prompt(0)
+    assert f"<question>\n{QUESTION}\n</question>" in prompt
+    assert "<answer_a>\nCanberra\n</answer_a>" in prompt and "<answer_b>\nIt is Canberra.\n</answer_b>" in prompt
+    assert f"{EQ} if the answers are equivalent, {NEQ} if they are not" in prompt
+    assert [m["role"] for m in judge.calls[0]["input"]] == ["user"]  # no system message by default
+    assert result.judge_evaluations[0].response.output_text == f"Both name Canberra. {EQ}"
+
+
+def test_not_equal():
+    result = verify("It is Sydney.", judge=FakeJudge(f"Different cities. {NEQ}"))
+    assert result.reward == 0.0 and result.failure_reason == "not_equal" and labels(result) == [NEQ]
+
+
+def test_no_verdict_is_not_equal_and_recorded():
+    result = verify("It is Canberra.", judge=FakeJudge("I cannot decide."))
+    assert result.reward == 0.0 and result.failure_reason == "no_verdict" and labels(result) == [None]
+
+
+def test_first_label_wins():
+    result = verify("It is Canberra.", judge=FakeJudge(f"{NEQ}... on reflection {EQ}"))
+    assert result.reward == 0.0 and result.failure_reason == "not_equal"
+
+
+def test_custom_labels():
+    judge = FakeJudge("SAME")
+    result = verify("Canberra", judge=judge, config={"judge_equal_label": "SAME", "judge_not_equal_label": "DIFF"})
+    assert result.reward == 1.0 and "SAME if the answers are equivalent, DIFF if they are not" in judge.prompt(0)
+
+
+# ----------------------------------------------------------------------------------------------- swap check
+
+
+def test_swap_check_passes():
+    judge = FakeJudge(EQ, EQ)
+    result = verify("It is Canberra.", judge=judge, config={"check_twice_swap": True})
+    assert result.reward == 1.0 and labels(result) == [EQ, EQ]
+    assert "<answer_a>\nIt is Canberra.\n</answer_a>" in judge.prompt(1)  # swapped
+    assert "<answer_b>\nCanberra\n</answer_b>" in judge.prompt(1)
+
+
+def test_swap_check_failure_scores_reward_if_swap_fails():
+    config = {"check_twice_swap": True, "reward_if_swap_fails": -1.0}
+    result = verify("It is Sydney.", judge=FakeJudge(EQ, NEQ), config=config)
+    assert result.reward == -1.0 and result.failure_reason == "swap_check_failed" and labels(result) == [EQ, NEQ]
+
+
+def test_swap_check_is_not_run_after_not_equal():
+    judge = FakeJudge(NEQ)
+    result = verify("It is Sydney.", judge=judge, config={"check_twice_swap": True})
+    assert result.reward == 0.0 and len(judge.calls) == 1
+
+
+# ----------------------------------------------------------------------------------------------- malformed output
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        (),
+        ("   ",),
+        ({"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Canberra"}]},),
+        ({"type": "function_call", "name": "lookup", "arguments": '{"city"', "call_id": "c1"},),
+        ({"id": "m", "type": "message", "role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},),
+    ],
+)
+def test_no_answer_scores_zero_without_calling_the_judge(output):
+    judge = FakeJudge()
+    result = verify(*output, judge=judge)
+    assert result.reward == 0.0 and result.failure_reason == "no_answer" and judge.calls == []
+    assert result.extracted_answer is None and result.judge_evaluations == []
+
+
+def test_missing_expected_answer():
+    judge = FakeJudge()
+    result = verify("Canberra", judge=judge, expected_answer=None)
+    assert result.reward == 0.0 and result.failure_reason == "no_expected_answer" and judge.calls == []
+    assert result.expected_answer == ""
+
+
+def test_expected_answer_from_metadata():
+    result = verify("Canberra", judge=FakeJudge(EQ), expected_answer=None, metadata={"expected_answer": "Canberra"})
+    assert result.reward == 1.0 and result.expected_answer == "Canberra"
+
+
+# ----------------------------------------------------------------------------------------------- extraction
+
+
+def test_server_regex_extracts_the_answer():
+    judge = FakeJudge(EQ)
+    result = verify("Let me think.\nAnswer: Canberra", judge=judge, config={"response_extract_regex": ANSWER_REGEX})
+    assert result.reward == 1.0 and result.extracted_answer == "Canberra" and result.extraction_failed is False
+    assert "<answer_b>\nCanberra\n</answer_b>" in judge.prompt(0)
+
+
+def test_regex_without_a_match_judges_the_whole_answer():
+    judge = FakeJudge(EQ)
+    result = verify("Canberra, I think.", judge=judge, config={"response_extract_regex": ANSWER_REGEX})
+    assert result.reward == 1.0 and result.extraction_failed is True
+    assert "<answer_b>\nCanberra, I think.\n</answer_b>" in judge.prompt(0)
+
+
+def test_row_regex_overrides_the_server_regex():
+    judge = FakeJudge(EQ)
+    config = {"response_extract_regex": r"Final:\s*(\w+)"}
+    text = "Final: Sydney\nAnswer: Canberra"
+    result = verify(text, judge=judge, config=config, template_metadata={"output_regex": ANSWER_REGEX})
+    assert result.extracted_answer == "Canberra"
+    judge = FakeJudge(EQ)
+    config["use_per_record_regex"] = False
+    result = verify(text, judge=judge, config=config, template_metadata={"output_regex": ANSWER_REGEX})
+    assert result.extracted_answer == "Sydney"
+
+
+def test_question_extract_regex():
+    judge = FakeJudge(EQ)
+    params = {"input": [{"role": "user", "content": f"Answer briefly.\nQuestion: {QUESTION}\nThanks."}]}
+    verify("Canberra", judge=judge, params=params, config={"question_extract_regex": r"Question:\s*([^\n]+)"})
+    assert f"<question>\n{QUESTION}\n</question>" in judge.prompt(0)
+
+
+# ----------------------------------------------------------------------------------------------- full-generation retry
+
+
+def test_full_generation_retry_gives_partial_credit():
+    judge = FakeJudge(NEQ, EQ)
+    text = "The capital is Canberra (not Sydney).\nAnswer: Sydney is not it"
+    result = verify(text, judge=judge, template_metadata={"output_regex": ANSWER_REGEX})
+    assert result.reward == 0.5 and result.failure_reason is None and labels(result) == [NEQ, EQ]
+    assert "<answer_b>\nSydney is not it\n</answer_b>" in judge.prompt(0)
+    assert f"<answer_b>\n{text}\n</answer_b>" in judge.prompt(1)
+
+
+def test_full_generation_retry_also_not_equal():
+    judge = FakeJudge(NEQ, NEQ)
+    result = verify("Answer: Sydney", judge=judge, template_metadata={"output_regex": ANSWER_REGEX})
+    assert result.reward == 0.0 and result.failure_reason == "not_equal" and len(judge.calls) == 2
+
+
+def test_full_generation_retry_needs_a_row_regex_and_is_configurable():
+    # Only the server's regex: no retry.
+    judge = FakeJudge(NEQ)
+    verify("Answer: Sydney", judge=judge, config={"response_extract_regex": ANSWER_REGEX})
+    assert len(judge.calls) == 1
+    # Turned off.
+    judge = FakeJudge(NEQ)
+    config = {"check_full_generation_on_fail": False}
+    verify("Answer: Sydney", judge=judge, config=config, template_metadata={"output_regex": ANSWER_REGEX})
+    assert len(judge.calls) == 1
+    # The regex did not match, so the whole answer was already judged: no second call.
+    judge = FakeJudge(NEQ)
+    result = verify("Sydney", judge=judge, template_metadata={"output_regex": ANSWER_REGEX})
+    assert len(judge.calls) == 1 and result.extraction_failed is True
+
+
+def test_long_expected_answer_is_compared_with_the_whole_answer():
+    expected = "Canberra, which was purpose-built as a compromise between Sydney and Melbourne. " * 2
+    config = {"check_twice_swap": True, "extraction_length_threshold": 50}
+    text = "Long story.\nAnswer: Canberra"
+    judge = FakeJudge(EQ)  # no swap check either
+    result = verify(text, judge=judge, config=config, expected_answer=expected, template_metadata=ROW_REGEX)
+    assert result.reward == 1.0 and len(judge.calls) == 1 and result.extracted_answer == text
+    judge = FakeJudge(NEQ)  # no full-generation retry
+    result = verify(text, judge=judge, config=config, expected_answer=expected, template_metadata=ROW_REGEX)
+    assert result.reward == 0.0 and len(judge.calls) == 1
+    # With no limit the row regex applies.
+    judge = FakeJudge(EQ, EQ)
+    config["extraction_length_threshold"] = None
+    result = verify(text, judge=judge, config=config, expected_answer=expected, template_metadata=ROW_REGEX)
+    assert result.extracted_answer == "Canberra" and len(judge.calls) == 2
+
+
+# ----------------------------------------------------------------------------------------------- judge errors
+
+
+@pytest.mark.parametrize(
+    "failure, message_part",
+    [
+        (500, "HTTP 500"),
+        (404, "HTTP 404"),
+        ({"id": "x", "output": "not a list"}, "ValidationError"),
+        (httpx.ConnectError("connection refused"), "ConnectError"),
+        (httpx.ReadTimeout("timed out"), "ReadTimeout"),
+    ],
+)
+def test_judge_error_scores_zero_and_is_recorded(failure, message_part):
+    result = verify("It is Canberra.", judge=FakeJudge(failure))
+    assert result.reward == 0.0 and result.failure_reason == "judge_error"
+    assert message_part in result.judge_error and result.judge_evaluations == []
+
+
+def test_judge_returning_non_json_is_an_error():
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"<html>gateway</html>")
+
+    body = LLMJudgeVerifyRequest(
+        responses_create_params=PARAMS, response=make_response("Canberra"), expected_answer="Canberra"
+    )
+    result = asyncio.run(make_server(handler=handler).verify(body))
+    assert result.reward == 0.0 and result.failure_reason == "judge_error" and result.judge_error
+
+
+def test_judge_error_on_the_swap_call_keeps_the_first_evaluation():
+    result = verify("It is Canberra.", judge=FakeJudge(EQ, 503), config={"check_twice_swap": True})
+    assert result.reward == 0.0 and result.failure_reason == "judge_error" and "HTTP 503" in result.judge_error
+    assert labels(result) == [EQ]
+
+
+# ----------------------------------------------------------------------------------------------- prompt and params
+
+
+def test_prompt_template_system_message_and_params_from_config():
+    judge = FakeJudge(EQ)
+    config = {
+        "judge_system_message": "You are a careful grader.",
+        "judge_prompt_template": "Q: {question}\nGold: {expected_answer}\nGot: {generated_answer}\n{{literal}}",
+        "judge_responses_create_params": {"input": [], "temperature": 0.0, "max_output_tokens": 32},
+    }
+    verify("Canberra.", judge=judge, config=config)
+    call = judge.calls[0]
+    assert call["temperature"] == 0.0 and call["max_output_tokens"] == 32
+    assert call["input"] == [
+        {"role": "system", "content": "You are a careful grader."},
+        {"role": "user", "content": f"Q: {QUESTION}\nGold: Canberra\nGot: Canberra.\n{{literal}}"},
+    ]
+
+
+def test_prompt_template_from_a_file(tmp_path):
+    template = tmp_path / "judge.txt"
+    template.write_text("A={expected_answer} B={generated_answer}")
+    judge = FakeJudge(EQ)
+    verify("Canberra", judge=judge, config={"judge_prompt_template_fpath": str(template)})
+    assert judge.prompt(0) == "A=Canberra B=Canberra"
+    with pytest.raises(FileNotFoundError, match="judge_prompt_template_fpath"):
+        make_server(judge_prompt_template_fpath="no/such/template.txt")
+
+
+@pytest.mark.parametrize("template", ["{answer}", r"\frac{1}{2} {question}", "{0}", "{question"])
+def test_broken_templates_fail_at_start_up(template):
+    with pytest.raises(ValueError, match="literal braces must be doubled"):
+        make_server(judge_prompt_template=template)
+
+
+def test_braces_in_answers_are_not_format_fields():
+    judge = FakeJudge(EQ)
+    verify(r"\boxed{x}", judge=judge, expected_answer="{x}")
+    assert "<answer_a>\n{x}\n</answer_a>" in judge.prompt(0)
+    assert "<answer_b>\n\\boxed{x}\n</answer_b>" in judge.prompt(0)
+
+
+def test_default_template_has_every_placeholder():
+    for name in ("question", "expected_answer", "generated_answer", "equal_label", "not_equal_label"):
+        assert "{" + name + "}" in DEFAULT_JUDGE_PROMPT_TEMPLATE
+
+
+def test_judge_calls_are_bounded_by_max_concurrency():
+    in_flight = peak = 0
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.05)
+        in_flight -= 1
+        return httpx.Response(200, json=make_response(EQ).model_dump(mode="json"))
+
+    server = make_server(handler=handler, judge_endpoint_max_concurrency=2)
+    body = LLMJudgeVerifyRequest(
+        responses_create_params=PARAMS, response=make_response("Canberra"), expected_answer="Canberra"
+    )
+
+    async def many():
+        return await asyncio.gather(*(server.verify(body) for _ in range(8)))
+
+    results = asyncio.run(many())
+    assert [r.reward for r in results] == [1.0] * 8 and peak == 2
+
+
+# ----------------------------------------------------------------------------------------------- echo and HTTP
+
+
+def test_row_fields_are_echoed():
+    result = verify(
+        "Canberra", judge=FakeJudge(EQ), uuid="q-7", options=[{"A": "Canberra"}], metadata={"source": "test"},
+        category="geography",  # not declared: kept as well
+    )
+    dumped = result.model_dump()
+    assert dumped["uuid"] == "q-7" and dumped["options"] == [{"A": "Canberra"}]
+    assert dumped["metadata"] == {"source": "test"} and dumped["category"] == "geography"
+
+
+def test_http_verify():
+    judge = FakeJudge(EQ, 500)
+    with TestClient(make_server(judge).build_app()) as client:
+        body = {
+            "responses_create_params": PARAMS,
+            "response": make_response("Canberra").model_dump(mode="json"),
+            "expected_answer": "Canberra",
+        }
+        ok = client.post("/verify", json=body)
+        assert ok.status_code == 200 and ok.json()["reward"] == 1.0
+        assert ok.json()["judge_evaluations"][0]["verdict_label"] == EQ
+        failed = client.post("/verify", json=body)  # the judge answers 500: still a normal verify response
+        assert failed.status_code == 200 and failed.json()["failure_reason"] == "judge_error"
+        assert client.post("/verify", json={"expected_answer": "x"}).status_code == 422
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+
+def test_example_rows_validate():
+    rows = [json.loads(line) for line in DATA_PATH.read_text().splitlines()]
+    assert len(rows) == 5
+    placeholder = make_response("placeholder").model_dump(mode="json")
+    requests = [LLMJudgeVerifyRequest.model_validate({**row, "response": placeholder}) for row in rows]
+    assert all(request.expected_answer for request in requests)
+    assert any(request.template_metadata for request in requests)
