@@ -43,18 +43,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "help": ("List the ng_* commands.", ""),
     "version": ("Print versions of nemo_gym, Python and key dependencies.", "Keys: json=true for JSON output."),
-    "test": ("Run one server's tests in its environment.", ""),
-    "test_all": ("Run every server's tests and print a pass/fail table.", ""),
-    "init_resources_server": ("Scaffold a new resources server.", ""),
+    "test": (
+        "Run one server's tests in its environment.",
+        "Example: ng_test +entrypoint=resources_servers/mcqa +should_validate_data=true",
+    ),
+    "test_all": (
+        "Run every server's tests and print a pass/fail table.",
+        "Keys: include=[a,b], exclude=[...], fail_fast, show_output, log_dir, fail_on_total_and_test_mismatch.",
+    ),
+    "init_resources_server": (
+        "Scaffold a new resources server.",
+        "Example: ng_init_resources_server +entrypoint=resources_servers/my_env",
+    ),
     "reward_profile": ("Compute per-task and per-agent reward statistics from rollouts.", ""),
     "prepare_data": ("Validate datasets and write collated training data.", ""),
 }
 
-NOT_AVAILABLE = {
-    "test": "the environment-library issue",
-    "test_all": "the environment-library issue",
-    "init_resources_server": "the environment-library issue",
-}
+# command -> where it will come from; commands listed here answer "not available yet".
+NOT_AVAILABLE: dict[str, str] = {}
 
 
 def _err(message: str) -> None:
@@ -244,7 +250,31 @@ def _e2e_collect_rollouts(args: list[str]) -> int:
     return e2e_collect_rollouts_main(args)
 
 
+@cli_errors("test")
+def _test(args: list[str]) -> int:
+    from nemo_gym.server_tests import ng_test_main
+
+    return ng_test_main(args)
+
+
+@cli_errors("test_all")
+def _test_all(args: list[str]) -> int:
+    from nemo_gym.server_tests import ng_test_all_main
+
+    return ng_test_all_main(args)
+
+
+@cli_errors("init_resources_server")
+def _init_resources_server(args: list[str]) -> int:
+    from nemo_gym.server_scaffold import init_resources_server_main
+
+    return init_resources_server_main(args)
+
+
 HANDLERS: dict[str, Callable[[list[str]], int]] = {
+    "test": _test,
+    "test_all": _test_all,
+    "init_resources_server": _init_resources_server,
     "e2e_collect_rollouts": _e2e_collect_rollouts,
     "collect_rollouts": _collect_rollouts,
     "reward_profile": _reward_profile,

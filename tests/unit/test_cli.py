@@ -63,10 +63,12 @@ def test_ng_help_command_lists_commands():
     assert "ng_run" in result.stdout and "ng_collect_rollouts" in result.stdout
 
 
-def test_unavailable_command_says_so():
-    result = run_cli("test_all")
-    assert result.returncode == 1
-    assert "not available yet" in result.stderr
+def test_unavailable_command_says_so(monkeypatch, capsys):
+    # Every command is available now; the "not available yet" path stays for commands that land in stages.
+    assert not cli.NOT_AVAILABLE
+    monkeypatch.setitem(cli.NOT_AVAILABLE, "test_all", "a later issue")
+    assert cli._not_available("test_all")([]) == 1
+    assert "not available yet" in capsys.readouterr().err
 
 
 def test_dump_config_resolves_and_masks(tmp_path):
