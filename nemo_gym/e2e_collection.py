@@ -66,9 +66,10 @@ def e2e_collect_rollouts_main(args: list[str]) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         helper.prepare()
+        helper.reserve_head_port()
         helper.start_ray()
-        helper.start_head()
         helper.start_servers()
+        helper.start_head()
         helper.print_ready_table(helper.wait_until_ready())
         collection = RolloutCollectionConfig(
             input_jsonl_fpath=str(input_path),

@@ -233,24 +233,30 @@ class RunHelper:
 
         self.ray_handle = start_or_join_ray_for_launch(self.cfg)
 
-    def start_head(self) -> None:
-        from nemo_gym.global_config import mask_secrets
-        from nemo_gym.head_server import HeadServer
-        from nemo_gym.ports import reserve_port, take_reserved_socket
+    def reserve_head_port(self) -> None:
+        """Hold the head server's port before anything starts, so a busy port is a clear error up front."""
+        from nemo_gym.ports import reserve_port, reserved_socket_exists
 
         head_host = str(self.cfg.head_server.host)
         head_port = int(self.cfg.head_server.port)
-        sock = take_reserved_socket(head_host, head_port)
-        if sock is None:
-            try:
-                reserve_port(head_host, port=head_port)
-            except NeMoGymConfigError as exc:
-                raise NeMoGymConfigError(
-                    f"{exc} The head server needs {head_host}:{head_port}: is another ng_run running? "
-                    f"Stop it, or give this stack its own head port with +head_server.port=<port> "
-                    f"(and pass the same to ng_collect_rollouts / ng_status)."
-                ) from None
-            sock = take_reserved_socket(head_host, head_port)
+        if reserved_socket_exists(head_host, head_port):
+            return
+        try:
+            reserve_port(head_host, port=head_port)
+        except NeMoGymConfigError as exc:
+            raise NeMoGymConfigError(
+                f"{exc} The head server needs {head_host}:{head_port}: is another ng_run running? "
+                f"Stop it, or give this stack its own head port with +head_server.port=<port> "
+                f"(and pass the same to ng_collect_rollouts / ng_status)."
+            ) from None
+
+    def start_head(self) -> None:
+        from nemo_gym.global_config import mask_secrets
+        from nemo_gym.head_server import HeadServer
+        from nemo_gym.ports import take_reserved_socket
+
+        self.reserve_head_port()
+        sock = take_reserved_socket(str(self.cfg.head_server.host), int(self.cfg.head_server.port))
         masked = OmegaConf.to_yaml(OmegaConf.create(mask_secrets(OmegaConf.to_container(self.cfg, resolve=False))))
         self.head = HeadServer(masked, lambda: [s.display() for s in self.servers])
         self.head.start(sock)
@@ -419,9 +425,11 @@ def run_stack(global_config: DictConfig, *, out=None) -> int:
             prebuild_all(helper.servers, global_config, cwd=helper.cwd, log=helper.say)
             helper.say(f"Dry run: environments for {len(helper.servers)} server(s) are ready; nothing started.")
             return 0
+        helper.reserve_head_port()
         helper.start_ray()
-        helper.start_head()
+        # Servers first: they need only their config, and their start-up overlaps the head server's.
         helper.start_servers()
+        helper.start_head()
         seconds = helper.wait_until_ready(float(global_config.get("ready_timeout_s", DEFAULT_READY_TIMEOUT_S)))
         helper.print_ready_table(seconds)
         helper.supervise()
