@@ -781,6 +781,10 @@ def print_summary(results: list[ServerTestResult], out: TextIO) -> dict[str, int
         summary.add_row(f"[{STYLE[category]}]{category}[/]", str(counts[category]), share)
     summary.add_row("total", str(len(results)), "100.0%" if results else "0.0%")
     console.print(summary)
+    # A plain closing line that CI systems and people can read without the table.
+    passed = counts.get(PASSED, 0)
+    out.write(f"ng_test_all: {passed} passed, {len(results) - passed} failed\n")
+    out.flush()
     return counts
 
 
