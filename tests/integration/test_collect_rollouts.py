@@ -11,17 +11,16 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from nemo_gym.testing.stack import ChildProcess, NgRunStack, server_instances
 from tests.conftest import FIXTURE_STACK, free_port, wait_http_ok
 
 SCRIPT = FIXTURE_STACK / "scripts" / "collect.jsonl"
-NG_RUN = [sys.executable, "-c", "from nemo_gym.cli import run; run()"]
 COLLECT = [
     sys.executable,
     "-c",
@@ -41,50 +40,6 @@ TOOLS = [
 ]
 
 
-class Process:
-    """A child process whose output is collected line by line."""
-
-    def __init__(self, args: list[str], cwd: Path):
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait_for(self, text: str, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(text in line for line in self.lines):
-                return
-            if self.proc.poll() is not None:
-                self._reader.join(timeout=5)
-                if any(text in line for line in self.lines):
-                    return
-                raise AssertionError(f"exited ({self.proc.returncode}) before {text!r}:\n{self.output}")
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {text!r}:\n{self.output}")
-
-    def wait(self, timeout: float = 300.0) -> int:
-        code = self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=5)
-        return code
-
-    def stop(self, timeout: float = 60.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        return self.wait(timeout)
-
-
 @pytest.fixture
 def backend():
     port = free_port()
@@ -101,10 +56,9 @@ def backend():
         proc.wait(timeout=10)
 
 
-def start_stack(backend_url: str, head_port: int, *extra: str) -> Process:
-    stack = Process(
+def start_stack(backend_url: str, head_port: int, *extra: str) -> NgRunStack:
+    stack = NgRunStack(
         [
-            *NG_RUN,
             "+config_paths=[configs/collect.yaml]",
             f"+policy_base_url={backend_url}",
             "+policy_api_key=dummy-key",
@@ -114,13 +68,8 @@ def start_stack(backend_url: str, head_port: int, *extra: str) -> Process:
         ],
         cwd=FIXTURE_STACK,
     )
-    stack.wait_for("All 4 / 4 servers ready!")
+    stack.wait_for("All 4 / 4 servers ready!", timeout=180)
     return stack
-
-
-def instances(head_port: int) -> dict[str, dict]:
-    data = httpx.get(f"http://127.0.0.1:{head_port}/server_instances", timeout=5).json()
-    return {i["process_name"]: i for i in data}
 
 
 def row(text: str, initial: int, expected: int, **extra) -> dict:
@@ -167,7 +116,7 @@ def test_collect_with_repeats_and_parallelism_gives_exact_rows_rewards_and_profi
     head_port = free_port()
     stack = start_stack(backend, head_port)
     try:
-        collect = Process(
+        collect = ChildProcess(
             collect_args(
                 head_port,
                 tmp_path,
@@ -178,10 +127,10 @@ def test_collect_with_repeats_and_parallelism_gives_exact_rows_rewards_and_profi
             ),
             cwd=tmp_path,
         )
-        code = collect.wait()
+        code = collect.wait(timeout=300)
         assert code == 0, collect.output
     finally:
-        assert stack.stop() == 0, stack.output
+        assert stack.stop(timeout=60) == 0, stack.output
 
     out = tmp_path / "out"
     rollouts = read_jsonl(out / "rollouts.jsonl")
@@ -230,8 +179,8 @@ def test_killing_the_resources_server_records_failures_and_resume_completes_the_
 
     stack = start_stack(backend, head_port, f"+{GATED}.resources_servers.gated_counter.hold_rows=true")
     try:
-        collect = Process(collect_args(head_port, tmp_path, "+num_samples_in_parallel=6", "+max_attempts=3"), cwd=tmp_path)
-        servers = instances(head_port)
+        collect = ChildProcess(collect_args(head_port, tmp_path, "+num_samples_in_parallel=6", "+max_attempts=3"), cwd=tmp_path)
+        servers = {i["process_name"]: i for i in server_instances(head_port)}
         held_url = servers[GATED]["url"] + "/held"
         # Wait (no timing assumptions) until the four free rollouts are written and both held ones are in flight.
         deadline = time.monotonic() + 180
@@ -244,11 +193,11 @@ def test_killing_the_resources_server_records_failures_and_resume_completes_the_
             assert time.monotonic() < deadline, f"done={done} held={held}\n{collect.output}"
             time.sleep(0.05)
         os.kill(servers[GATED]["pid"], signal.SIGKILL)
-        code = collect.wait()
+        code = collect.wait(timeout=300)
         assert code == 1, collect.output
         assert stack.wait(timeout=60) == 1  # ng_run stops the stack when a server dies
     finally:
-        stack.stop()
+        stack.stop(timeout=60)
 
     first = read_jsonl(output)
     assert sorted((r[T], r[R]) for r in first) == [(0, 0), (1, 0), (2, 0), (3, 0)]
@@ -267,10 +216,10 @@ def test_killing_the_resources_server_records_failures_and_resume_completes_the_
 
     stack = start_stack(backend, head_port)
     try:
-        resume = Process(collect_args(head_port, tmp_path, "+resume_from_cache=true"), cwd=tmp_path)
-        assert resume.wait() == 0, resume.output
+        resume = ChildProcess(collect_args(head_port, tmp_path, "+resume_from_cache=true"), cwd=tmp_path)
+        assert resume.wait(timeout=300) == 0, resume.output
     finally:
-        assert stack.stop() == 0, stack.output
+        assert stack.stop(timeout=60) == 0, stack.output
 
     final = read_jsonl(output)  # every line parses
     keys = [(r[T], r[R]) for r in final]

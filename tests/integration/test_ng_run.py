@@ -6,62 +6,19 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
-from pathlib import Path
 
 import httpx
 import psutil
-import pytest
 
+from nemo_gym.testing.stack import NgRunStack, server_instances
 from tests.conftest import FIXTURE_STACK, free_port
 
-NG_RUN = [sys.executable, "-c", "from nemo_gym.cli import run; run()"]
 
+class Stack(NgRunStack):
+    """`ng_run` run from the fixture stack directory, where configs/*.yaml resolve."""
 
-class Stack:
-    """An `ng_run` child process whose output is collected line by line."""
-
-    def __init__(self, args: list[str], cwd: Path = FIXTURE_STACK):
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            [*NG_RUN, *args],
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait_for(self, text: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(text in line for line in self.lines):
-                return
-            if self.proc.poll() is not None:
-                self._reader.join(timeout=5)
-                if any(text in line for line in self.lines):
-                    return
-                raise AssertionError(f"ng_run exited ({self.proc.returncode}) before {text!r}:\n{self.output}")
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {text!r}:\n{self.output}")
-
-    def stop(self, sig=signal.SIGINT, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=5)
-        return code
+    def __init__(self, args: list[str]):
+        super().__init__(args, cwd=FIXTURE_STACK)
 
 
 def stack_args(backend_url: str, head_port: int) -> list[str]:
@@ -72,10 +29,6 @@ def stack_args(backend_url: str, head_port: int) -> list[str]:
         "+policy_model_name=fake-model",
         f"+head_server.port={head_port}",
     ]
-
-
-def instances(head_port: int) -> list[dict]:
-    return httpx.get(f"http://127.0.0.1:{head_port}/server_instances", timeout=5).json()
 
 
 def port_is_free(port: int) -> bool:
@@ -96,7 +49,7 @@ def test_stack_starts_runs_a_rollout_and_stops_cleanly_on_sigint(fake_backend):
     stack = Stack(stack_args(fake_backend, head_port))
     try:
         stack.wait_for("All 3 / 3 servers ready!")
-        servers = {i["process_name"]: i for i in instances(head_port)}
+        servers = {i["process_name"]: i for i in server_instances(head_port)}
         assert set(servers) == {"policy_model", "counter_resources_server", "counter_agent"}
         for info in servers.values():
             assert httpx.get(info["url"] + "/health", timeout=5).status_code == 200
@@ -160,7 +113,7 @@ def test_sigterm_also_stops_everything(fake_backend):
     stack = Stack(stack_args(fake_backend, head_port))
     try:
         stack.wait_for("All 3 / 3 servers ready!")
-        pids = [i["pid"] for i in instances(head_port)]
+        pids = [i["pid"] for i in server_instances(head_port)]
     finally:
         code = stack.stop(signal.SIGTERM)
     assert code == 0, stack.output
@@ -170,8 +123,7 @@ def test_sigterm_also_stops_everything(fake_backend):
 def test_server_crash_at_start_is_reported_and_exits_nonzero():
     head_port = free_port()
     stack = Stack(["+config_paths=[configs/crashing.yaml]", f"+head_server.port={head_port}"])
-    code = stack.proc.wait(timeout=60)
-    stack._reader.join(timeout=5)
+    code = stack.wait(timeout=60)
     assert code == 1, stack.output
     assert "Server 'crashing_server'" in stack.output
     assert "simulated start-up failure" in stack.output
@@ -183,7 +135,7 @@ def test_server_crash_after_ready_stops_the_stack(fake_backend):
     stack = Stack(stack_args(fake_backend, head_port))
     try:
         stack.wait_for("All 3 / 3 servers ready!")
-        victim = next(i for i in instances(head_port) if i["process_name"] == "counter_resources_server")
+        victim = next(i for i in server_instances(head_port) if i["process_name"] == "counter_resources_server")
         os.kill(victim["pid"], signal.SIGKILL)
         code = stack.proc.wait(timeout=60)
     finally:
@@ -200,8 +152,8 @@ def test_two_stacks_at_once_get_different_ports(fake_backend):
     try:
         a.wait_for("All 3 / 3 servers ready!")
         b.wait_for("All 3 / 3 servers ready!")
-        ports_a = {i["port"] for i in instances(head_a)}
-        ports_b = {i["port"] for i in instances(head_b)}
+        ports_a = {i["port"] for i in server_instances(head_a)}
+        ports_b = {i["port"] for i in server_instances(head_b)}
         assert len(ports_a) == 3 and len(ports_b) == 3
         assert not ports_a & ports_b
     finally:
@@ -217,8 +169,7 @@ def test_head_port_in_use_is_a_clear_error():
         s.listen()
         busy = s.getsockname()[1]
         stack = Stack(["+config_paths=[configs/crashing.yaml]", f"+head_server.port={busy}"])
-        code = stack.proc.wait(timeout=60)
-        stack._reader.join(timeout=5)
+        code = stack.wait(timeout=60)
     assert code == 2, stack.output
     assert str(busy) in stack.output
     assert "Traceback" not in stack.output
@@ -231,7 +182,7 @@ def test_a_server_that_asks_for_ray_gets_a_cluster_shared_with_ng_run():
         stack.wait_for("All 1 / 1 servers ready!", timeout=180)
         config = httpx.get(f"http://127.0.0.1:{head_port}/global_config_dict_yaml?raw=true", timeout=5).text
         address = next(line.split(":", 1)[1].strip() for line in config.splitlines() if line.startswith("ray_head_node_address:"))
-        server = instances(head_port)[0]
+        server = server_instances(head_port)[0]
         result = httpx.post(server["url"] + "/square", json={"x": 7}, timeout=120).json()
         assert result["value"] == 49
         assert result["gcs_address"] == address
@@ -262,7 +213,7 @@ def test_isolated_venv_server_runs_from_its_own_venv(fake_backend, tmp_path):
     stack = Stack(args)
     try:
         stack.wait_for("All 3 / 3 servers ready!", timeout=600)
-        servers = {i["process_name"]: i for i in instances(head_port)}
+        servers = {i["process_name"]: i for i in server_instances(head_port)}
         isolated = psutil.Process(servers["counter_resources_server"]["pid"]).cmdline()[0]
         shared = psutil.Process(servers["counter_agent"]["pid"]).cmdline()[0]
         assert isolated.startswith(str(tmp_path)), isolated
@@ -276,8 +227,7 @@ def test_isolated_venv_server_runs_from_its_own_venv(fake_backend, tmp_path):
 def test_dry_run_prepares_and_starts_nothing():
     head_port = free_port()
     stack = Stack(["+config_paths=[configs/crashing.yaml]", "+dry_run=true", f"+head_server.port={head_port}"])
-    code = stack.proc.wait(timeout=120)
-    stack._reader.join(timeout=5)
+    code = stack.wait(timeout=120)
     assert code == 0, stack.output
     assert "Dry run" in stack.output
     assert "simulated start-up failure" not in stack.output  # the server itself never ran

@@ -6,21 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
-import time
-from pathlib import Path
 
 import httpx
 import pytest
 
+from nemo_gym.testing.stack import NgRunStack, server_instances
 from tests.conftest import FIXTURE_STACK, free_port, wait_http_ok
 
 SCRIPT = FIXTURE_STACK / "scripts" / "simple_agent.jsonl"
-NG_RUN = [sys.executable, "-c", "from nemo_gym.cli import run; run()"]
 
 TOOLS = [
     {"type": "function", "name": "append_item", "description": "add an item to the shopping list", "strict": False,
@@ -28,47 +23,6 @@ TOOLS = [
     {"type": "function", "name": "read_items", "description": "read the shopping list", "strict": False,
      "parameters": {"type": "object", "properties": {}}},
 ]
-
-
-class NgRun:
-    """An `ng_run` child whose output is collected line by line."""
-
-    def __init__(self, args: list[str], cwd: Path = FIXTURE_STACK):
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            [*NG_RUN, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait_for(self, text: str, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(text in line for line in self.lines):
-                return
-            if self.proc.poll() is not None:
-                self._reader.join(timeout=5)
-                if any(text in line for line in self.lines):
-                    return
-                raise AssertionError(f"ng_run exited ({self.proc.returncode}) before {text!r}:\n{self.output}")
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {text!r}:\n{self.output}")
-
-    def stop(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        code = self.proc.wait(timeout=timeout)
-        self._reader.join(timeout=5)
-        return code
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +37,15 @@ def stack():
     run = None
     try:
         wait_http_ok(f"http://127.0.0.1:{backend_port}/health", timeout=60)
-        run = NgRun([
+        run = NgRunStack([
             "+config_paths=[configs/simple_agent.yaml]",
             f"+policy_base_url=http://127.0.0.1:{backend_port}/v1",
             "+policy_api_key=dummy-key",
             "+policy_model_name=fake-model",
             f"+head_server.port={head_port}",
-        ])
-        run.wait_for("All 3 / 3 servers ready!")
-        urls = {i["process_name"]: i["url"] for i in httpx.get(f"http://127.0.0.1:{head_port}/server_instances", timeout=5).json()}
+        ], cwd=FIXTURE_STACK)
+        run.wait_for("All 3 / 3 servers ready!", timeout=120)
+        urls = {i["process_name"]: i["url"] for i in server_instances(head_port)}
         assert set(urls) == {"policy_model", "shopping_list_resources_server", "shopping_simple_agent"}
         yield urls
         assert run.stop() == 0, run.output

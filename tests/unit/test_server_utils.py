@@ -14,13 +14,11 @@ import sys
 import textwrap
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import ContextManager
 
 import httpx
 import pytest
-import uvicorn
 import yaml
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel
@@ -42,6 +40,7 @@ from nemo_gym.server_utils import (
     raise_for_status,
     raise_open_files_limit,
 )
+from nemo_gym.testing.live_server import live_server as shared_live_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,27 +49,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Shared helpers (also used by test_sessions.py and test_base_servers.py)
 
 
-@contextmanager
-def live_server(app) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn (httptools) on 127.0.0.1 in a thread; yields the base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, http="httptools", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+def live_server(app) -> ContextManager[str]:
+    """The shared live_server on uvicorn's httptools parser, as run_webserver serves apps; yields the base URL."""
+    return shared_live_server(app, http="httptools", start_timeout=10)
 
 
 def make_config(name: str = "test_server", port: int = 0, **extra) -> BaseRunServerInstanceConfig:

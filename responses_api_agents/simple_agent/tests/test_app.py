@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
-from contextlib import ExitStack, contextmanager
-from typing import Iterator, Optional
+from contextlib import ExitStack
+from typing import ContextManager, Iterator, Optional
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import Body, FastAPI, Request
 from pydantic import BaseModel, Field
 
@@ -35,6 +31,7 @@ from nemo_gym.base_resources_server import (
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server_utils import SESSION_ID_KEY, ServerClient
 from nemo_gym.testing.fake_openai_server import build_app as build_fake_backend
+from nemo_gym.testing.live_server import live_server
 from responses_api_agents.simple_agent.app import SimpleAgent, SimpleAgentConfig, _add_usage, _update_cookies
 from responses_api_models.openai_model.app import SimpleModelServer, SimpleModelServerConfig
 
@@ -181,26 +178,8 @@ def row(tag: str, *, initial: int = 0, expected: int = 0, **extra) -> dict:
 # The stack
 
 
-@contextmanager
-def live_server(app) -> Iterator[str]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
+def serve(app) -> ContextManager[str]:
+    return live_server(app, backlog=1024, stop_timeout=15, timeout_graceful_shutdown=1)
 
 
 def _block(server_type: str, url: str) -> dict:
@@ -251,7 +230,7 @@ def stack() -> Iterator[Stack]:
         server_client=client,
     )
     with ExitStack() as es:
-        backend = es.enter_context(live_server(build_fake_backend(script=RULES)))
+        backend = es.enter_context(serve(build_fake_backend(script=RULES)))
         model = SimpleModelServer(
             config=SimpleModelServerConfig(
                 host="127.0.0.1", port=0, entrypoint="app.py", name="policy_model",
@@ -272,7 +251,7 @@ def stack() -> Iterator[Stack]:
         }
         urls = {}
         for name, (server_type, server) in servers.items():
-            urls[name] = es.enter_context(live_server(server.build_app()))
+            urls[name] = es.enter_context(serve(server.build_app()))
             global_config[name] = _block(server_type, urls[name])
         yield Stack(urls, resources)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 
@@ -21,9 +20,9 @@ pytest.importorskip(
     reason='llama-cpp-python is not installed; install the local-model extra with `pip install -e ".[local]"`',
 )
 
-import uvicorn  # noqa: E402
 from openai import AsyncOpenAI  # noqa: E402
 
+from nemo_gym.testing.live_server import live_server  # noqa: E402
 from responses_api_models.local_llama_model.app import (  # noqa: E402
     LocalLlamaModel,
     LocalLlamaModelConfig,
@@ -77,23 +76,8 @@ def server() -> LocalLlamaModel:
 @pytest.fixture(scope="module")
 def base_url(server):
     """The app exactly as served (`build_app()`), under uvicorn on 127.0.0.1 in a thread."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    port = sock.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(server.build_app(), log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        uv.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with live_server(server.build_app(), backlog=64, start_timeout=20, access_log=True) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

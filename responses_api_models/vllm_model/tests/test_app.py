@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import threading
-import time
 from collections import deque
 from typing import Any, Iterator, Optional
 
@@ -20,7 +18,6 @@ import httpx
 import openai
 import orjson
 import pytest
-import uvicorn
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response as OpenAIResponse
@@ -32,6 +29,7 @@ from starlette.routing import Route
 
 from nemo_gym.openai_utils import NeMoGymChatCompletion, NeMoGymResponse
 from nemo_gym.server_utils import ServerClient
+from nemo_gym.testing.live_server import live_server
 from responses_api_models.vllm_model.app import VLLMModel, VLLMModelConfig
 
 # ------------------------------------------------------------------------------------------------------------
@@ -156,28 +154,6 @@ def _json_with_cookie(data: Any) -> Response:
     response = _json(data)
     response.set_cookie("upstream_session", f"s{data['id']}")
     return response
-
-
-@contextlib.contextmanager
-def live_server(app: Any) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn on 127.0.0.1 in a thread; yields the base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 def free_port() -> int:
