@@ -964,6 +964,12 @@ def run_from_config(
             _err(f"ng_collect_rollouts: {exc}")
             return 1
     known_agents = agent_names_in_config(server_client.global_config_dict)
+    if config.agent_name and known_agents and config.agent_name not in known_agents:
+        # Checked even when every row names its own agent: a mistyped name must not pass silently.
+        raise NeMoGymConfigError(
+            f"`+agent_name={config.agent_name}` is not an agent of the running stack "
+            f"(agents: {', '.join(sorted(known_agents))}).{_did_you_mean(config.agent_name, known_agents)}"
+        )
 
     resume = bool(config.resume_from_cache) and paths.output.exists()
     paths.output.parent.mkdir(parents=True, exist_ok=True)

@@ -715,3 +715,19 @@ def test_ctrl_c_stops_cleanly_with_exit_code_130_and_a_resume_hint(tmp_path):
     assert proc.returncode == 130, err
     assert "Interrupted" in err and "resume_from_cache=true" in err and "Traceback" not in err
     assert (tmp_path / "o_materialized_inputs.jsonl").exists()
+
+
+def test_a_mistyped_agent_name_is_an_error_even_when_rows_name_their_agent(tmp_path):
+    from nemo_gym.rollout_collection import RolloutCollectionConfig, run_from_config
+
+    rows = [{"responses_create_params": params(), "agent_ref": {"name": "weather_agent"}}]
+    config = RolloutCollectionConfig(
+        input_jsonl_fpath=str(write_jsonl(tmp_path / "in.jsonl", rows)),
+        output_jsonl_fpath=str(tmp_path / "out.jsonl"),
+        agent_name="weather_agnt",
+    )
+    stack = {"weather_agent": {"responses_api_agents": {"simple_agent": {"host": "127.0.0.1", "port": 1}}}}
+    client = ServerClient(global_config_dict=stack)
+    with pytest.raises(NeMoGymConfigError, match=r"weather_agnt.*Did you mean `weather_agent`"):
+        run_from_config(config, server_client=client)
+    assert not (tmp_path / "out.jsonl").exists()
