@@ -581,7 +581,12 @@ class NeMoGymResponse(BaseModel):
 
     @property
     def output_text(self) -> str:
-        """The text of every ``output_text`` part of the assistant messages in ``output``, joined."""
+        """The text of every ``output_text`` part of the assistant messages in ``output``, joined (as the SDK)."""
+        return "".join(self.assistant_texts())
+
+    def assistant_texts(self) -> list[str]:
+        """Each ``output_text`` part of each assistant message in ``output``, in order (reasoning, tool calls and
+        refusals are not text). Verifiers join these as their grading rule says, e.g. ``"\n".join(...)``."""
         texts: list[str] = []
         for item in self.output:
             if getattr(item, "type", None) != "message" or getattr(item, "role", None) != "assistant":
@@ -596,7 +601,7 @@ class NeMoGymResponse(BaseModel):
                         texts.append(part["text"])
                 elif part.type == "output_text":
                     texts.append(part.text)
-        return "".join(texts)
+        return texts
 
 
 # =====================================================================================================

@@ -50,20 +50,7 @@ class ARCAGIVerifyResponse(ARCAGIVerifyRequest, BaseVerifyResponse):
 
 def assistant_text(body: BaseVerifyRequest) -> str:
     """Every `output_text` part of every assistant message, one per line, stripped."""
-    texts: list[str] = []
-    for item in body.response.output:
-        if item.type != "message" or item.role != "assistant":
-            continue
-        if isinstance(item.content, str):
-            texts.append(item.content)
-            continue
-        for part in item.content:
-            if isinstance(part, dict):
-                if part.get("type") == "output_text":
-                    texts.append(part["text"])
-            elif part.type == "output_text":
-                texts.append(part.text)
-    return "\n".join(texts).strip()
+    return "\n".join(body.response.assistant_texts()).strip()
 
 
 # A grid-shaped answer is written only with digits, commas, whitespace and brackets. The text is cut into maximal

@@ -66,18 +66,7 @@ class MCQAVerifyResponse(MCQAVerifyRequest, BaseVerifyResponse):
 
 def assistant_text(body: BaseVerifyRequest) -> str:
     """Every `output_text` part of every assistant message, one per line, stripped."""
-    texts: list[str] = []
-    for item in body.response.output:
-        if item.type != "message" or item.role != "assistant":
-            continue
-        if isinstance(item.content, str):
-            texts.append(item.content)
-            continue
-        for part in item.content:
-            part_type = part.get("type") if isinstance(part, dict) else part.type
-            if part_type == "output_text":
-                texts.append(part["text"] if isinstance(part, dict) else part.text)
-    return "\n".join(texts).strip()
+    return "\n".join(body.response.assistant_texts()).strip()
 
 
 def normalize(text: str) -> str:

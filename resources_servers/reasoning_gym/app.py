@@ -77,18 +77,7 @@ class ReasoningGymVerifyResponse(ReasoningGymVerifyRequest, BaseVerifyResponse):
 def assistant_text(body: BaseVerifyRequest) -> str:
     """Every `output_text` part of every assistant message, one per line (reasoning, tool calls and refusals are
     not read)."""
-    texts: list[str] = []
-    for item in body.response.output:
-        if item.type != "message" or item.role != "assistant":
-            continue
-        if isinstance(item.content, str):
-            texts.append(item.content)
-            continue
-        for part in item.content:
-            part_type = part.get("type") if isinstance(part, dict) else part.type
-            if part_type == "output_text":
-                texts.append(part["text"] if isinstance(part, dict) else part.text)
-    return "\n".join(texts)
+    return "\n".join(body.response.assistant_texts())
 
 
 def answer_tag_content(text: str) -> Optional[str]:

@@ -102,20 +102,7 @@ def strictify_schema(schema: Any) -> None:
 
 def response_text(body: BaseVerifyRequest) -> str:
     """All `output_text` parts of the assistant messages, concatenated as they are (no separator)."""
-    parts: list[str] = []
-    for item in body.response.output:
-        if item.type != "message" or item.role != "assistant":
-            continue
-        if isinstance(item.content, str):
-            parts.append(item.content)
-            continue
-        for part in item.content:
-            if isinstance(part, dict):
-                if part.get("type") == "output_text":
-                    parts.append(part["text"])
-            elif part.type == "output_text":
-                parts.append(part.text)
-    return "".join(parts)
+    return body.response.output_text
 
 
 def _reject_non_json_constant(name: str) -> Any:

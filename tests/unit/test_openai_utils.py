@@ -847,3 +847,24 @@ def test_discriminator_checks_one_union_member_only():
         _validate_items([{"type": "function_call", "call_id": "c"}])
     locs = [e["loc"] for e in info.value.errors()]
     assert locs == [("input", "items", 0, "function_call", "arguments"), ("input", "items", 0, "function_call", "name")]
+
+
+def test_assistant_texts_lists_each_output_text_part_in_order():
+    response = NeMoGymResponse.model_validate(
+        {
+            "id": "r", "created_at": 0, "model": "m", "object": "response", "parallel_tool_calls": True,
+            "tool_choice": "auto", "tools": [],
+            "output": [
+                {"type": "reasoning", "id": "rs", "summary": [{"type": "summary_text", "text": "thinking"}]},
+                {"type": "message", "id": "m1", "role": "assistant", "status": "completed",
+                 "content": [{"type": "output_text", "text": "a", "annotations": []},
+                             {"type": "refusal", "refusal": "no"},
+                             {"type": "output_text", "text": "b", "annotations": []}]},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                {"type": "message", "id": "m2", "role": "assistant", "status": "completed",
+                 "content": [{"type": "output_text", "text": "c", "annotations": []}]},
+            ],
+        }
+    )
+    assert response.assistant_texts() == ["a", "b", "c"]
+    assert response.output_text == "abc"
