@@ -12,7 +12,7 @@ There are no tools: the model answers in text and `verify` grades it in two stag
    both calls say equal.
 
 What it teaches: using the real library built for the job, running it where a pathological input cannot hang the
-server (a worker process with a hard time limit, see `process_pool.py`), and calling another server of the stack
+server (a worker process with a hard time limit, see `nemo_gym/worker_pool.py`), and calling another server of the stack
 (the judge model) from a verifier by its server id.
 """
 
@@ -37,9 +37,9 @@ from nemo_gym.openai_utils import (
     NeMoGymResponseCreateParamsNonStreaming,
 )
 from nemo_gym.server_utils import get_response_json, raise_for_status
+from nemo_gym.worker_pool import WorkerPool, WorkerTimeout
 
 from resources_servers.math_with_judge.grading import grade_with_math_verify
-from resources_servers.math_with_judge.process_pool import HardTimeoutPool, WorkerTimeout
 
 EQUAL_LABEL = "[[A=B]]"
 NOT_EQUAL_LABEL = "[[A!=B]]"
@@ -158,7 +158,7 @@ def judge_verdict(response: NeMoGymResponse) -> Optional[str]:
 class MathWithJudgeResourcesServer(SimpleResourcesServer):
     config: MathWithJudgeResourcesServerConfig
 
-    _pool: Optional[HardTimeoutPool] = PrivateAttr(default=None)
+    _pool: Optional[WorkerPool] = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any) -> None:
         super().model_post_init(context)
@@ -174,9 +174,9 @@ class MathWithJudgeResourcesServer(SimpleResourcesServer):
         return super().setup_webserver()  # no tools: the answer is in the text
 
     @property
-    def pool(self) -> HardTimeoutPool:
+    def pool(self) -> WorkerPool:
         if self._pool is None:  # workers start on first use, not when the server object is built
-            self._pool = HardTimeoutPool(
+            self._pool = WorkerPool(
                 num_workers=self.config.math_verify_num_workers,
                 timeout_s=self.config.math_verify_timeout_seconds,
                 preload=[grade_with_math_verify.__module__],

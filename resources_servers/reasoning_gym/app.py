@@ -11,7 +11,7 @@ single gold answer, whose scorer checks the solution itself) and `metadata`, who
 
 This is the pattern for wrapping an existing task library: let the library generate and grade, and keep the
 server to reading the answer out of the response and reporting what it read. Scorers run in worker processes
-with a time limit (`scoring.py`), because a scorer fed an adversarial answer can run for hours.
+with a time limit (`nemo_gym/worker_pool.py` running `scoring.py`), because a scorer fed an adversarial answer can run for hours.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from nemo_gym.base_resources_server import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
-from resources_servers.reasoning_gym.scoring import ScoringPool
+from nemo_gym.worker_pool import WorkerPool
+from resources_servers.reasoning_gym.scoring import SCORING_PRELOAD, score_answer
 
 LOG = logging.getLogger(__name__)
 
@@ -128,16 +129,20 @@ def extract_final_answer(text: str) -> str:
 class ReasoningGymResourcesServer(SimpleResourcesServer):
     config: ReasoningGymResourcesServerConfig
 
-    _pool: Optional[ScoringPool] = PrivateAttr(default=None)
+    _pool: Optional[WorkerPool] = PrivateAttr(default=None)
     _warned_tasks: set[str] = PrivateAttr(default_factory=set)
 
     def setup_webserver(self) -> FastAPI:
         return super().setup_webserver()  # no tools: the answer is in the text
 
     @property
-    def pool(self) -> ScoringPool:
+    def pool(self) -> WorkerPool:
         if self._pool is None:  # the worker processes themselves start on first use
-            self._pool = ScoringPool(self.config.num_scoring_workers, self.config.score_timeout_seconds)
+            self._pool = WorkerPool(
+                num_workers=self.config.num_scoring_workers,
+                timeout_s=self.config.score_timeout_seconds,
+                preload=SCORING_PRELOAD,
+            )
         return self._pool
 
     async def score(self, task_name: str, answer: str, entry: dict[str, Any]) -> tuple[float, Optional[str]]:
@@ -149,7 +154,7 @@ class ReasoningGymResourcesServer(SimpleResourcesServer):
                 LOG.warning("%s: its rows score 0", error)
             return 0.0, error
         try:
-            score = await self.pool.score(task_name, answer, entry)
+            score = await self.pool.run(score_answer, task_name, answer, entry)
         except Exception as exc:  # the scorer raised, timed out, or its worker died: this answer scores 0
             return 0.0, f"{task_name}: {exc}"
         if not math.isfinite(score):

@@ -1,6 +1,5 @@
 import asyncio
 import json
-import os
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -11,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from nemo_gym.openai_utils import NeMoGymResponse
 from nemo_gym.server_utils import ServerClient
+from nemo_gym.worker_pool import WorkerPool
 from resources_servers.math_with_judge.app import (
     EQUAL_LABEL,
     NOT_EQUAL_LABEL,
@@ -24,9 +24,6 @@ from resources_servers.math_with_judge.grading import (
     grade_with_math_verify,
     strip_math_delimiters,
 )
-from resources_servers.math_with_judge.process_pool import HardTimeoutPool, WorkerCrashed, WorkerError, WorkerTimeout
-from resources_servers.math_with_judge.tests import worker_functions
-from resources_servers.math_with_judge.tests.worker_functions import crash, fail, pid, stuck_in_c_code
 
 DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
 QUESTION = "Solve for x: 2x + 6 = 20."
@@ -101,7 +98,7 @@ def make_server(judge: Optional[FakeJudge] = None, **config) -> MathWithJudgeRes
 @pytest.fixture(scope="module")
 def pool():
     """One worker pool shared by the tests below (a worker takes about a second to start)."""
-    shared = HardTimeoutPool(num_workers=2, timeout_s=60.0, preload=[grade_with_math_verify.__module__])
+    shared = WorkerPool(num_workers=2, timeout_s=60.0, preload=[grade_with_math_verify.__module__])
     yield shared
     shared.close()
 
@@ -380,72 +377,7 @@ def test_http_server_keeps_serving_after_a_timeout():
 
 # ----------------------------------------------------------------------------------------------- the worker pool
 
-
-def test_pool_kills_a_worker_that_signals_cannot_stop():
-    pool = HardTimeoutPool(num_workers=1, timeout_s=1.0, preload=[worker_functions.__name__])
-    try:
-        worker_pid = asyncio.run(pool.run(pid))
-        started = time.monotonic()
-        with pytest.raises(WorkerTimeout):
-            asyncio.run(pool.run(stuck_in_c_code, 60))
-        assert time.monotonic() - started < 5
-        assert pool.worker_pids() == []  # killed, not left running
-        with pytest.raises(ProcessLookupError):
-            os.kill(worker_pid, 0)
-        assert asyncio.run(pool.run(stuck_in_c_code, 0.1)) == "finished"  # a fresh worker
-        assert asyncio.run(pool.run(pid)) != worker_pid
-    finally:
-        pool.close()
-
-
-def test_pool_survives_a_crashed_worker_and_reports_errors():
-    pool = HardTimeoutPool(num_workers=1, timeout_s=30.0, preload=[worker_functions.__name__])
-    try:
-        with pytest.raises(WorkerCrashed):
-            asyncio.run(pool.run(crash))
-        with pytest.raises(WorkerError, match="ArithmeticError: bad input"):
-            asyncio.run(pool.run(fail))
-        assert asyncio.run(pool.run(pid)) > 0  # a worker that raised stays in use
-    finally:
-        pool.close()
-
-
-def test_pool_serves_other_calls_while_one_is_stuck():
-    async def scenario(pool: HardTimeoutPool) -> tuple:
-        stuck = asyncio.ensure_future(pool.run(stuck_in_c_code, 60))
-        await asyncio.sleep(0.2)
-        started = time.monotonic()
-        quick = await pool.run(stuck_in_c_code, 0)
-        quick_took = time.monotonic() - started
-        with pytest.raises(WorkerTimeout):
-            await stuck
-        return quick, quick_took
-
-    pool = HardTimeoutPool(num_workers=2, timeout_s=3.0, preload=[worker_functions.__name__])
-    try:
-        asyncio.run(pool.run(pid))
-        asyncio.run(pool.run(pid))  # both workers started
-        quick, quick_took = asyncio.run(scenario(pool))
-        assert quick == "finished" and quick_took < 2.0
-    finally:
-        pool.close()
-
-
-def test_pool_rejects_functions_of_the_main_script_and_closed_pools():
-    def local() -> None:
-        pass
-
-    local.__module__ = "__main__"
-    pool = HardTimeoutPool(num_workers=1, timeout_s=5.0, preload=[worker_functions.__name__])
-    with pytest.raises(ValueError, match="__main__"):
-        asyncio.run(pool.run(local))
-    assert asyncio.run(pool.run(pid)) > 0
-    pool.close()
-    assert pool.worker_pids() == []
-    with pytest.raises(RuntimeError, match="closed"):
-        asyncio.run(pool.run(pid))
-    with pytest.raises(ValueError):
-        HardTimeoutPool(num_workers=0)
+# The pool's own mechanics (timeouts, crashes, concurrency) are tested in tests/unit/test_worker_pool.py.
 
 
 def test_workers_start_lazily():

@@ -1,6 +1,8 @@
 import asyncio
 import json
 import math
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from pydantic import ValidationError
 
 from nemo_gym.openai_utils import NeMoGymResponse
 from nemo_gym.server_utils import ServerClient
+from nemo_gym.worker_pool import WorkerPool, WorkerTimeout
 from resources_servers.reasoning_gym.app import (
     ReasoningGymResourcesServer,
     ReasoningGymResourcesServerConfig,
@@ -19,7 +22,7 @@ from resources_servers.reasoning_gym.app import (
     extract_final_answer,
     first_boxed_content,
 )
-from resources_servers.reasoning_gym.scoring import ScoreTimeout, ScoringPool
+from resources_servers.reasoning_gym.scoring import SCORING_PRELOAD, score_answer
 
 DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
 ROWS = {json.loads(line)["metadata"]["source_dataset"]: json.loads(line) for line in DATA_PATH.read_text().splitlines()}
@@ -204,10 +207,10 @@ def test_scorer_error_scores_zero_with_a_reason(server):
 
 
 def test_non_finite_score_becomes_zero(server, monkeypatch):
-    async def nan_score(*args):
+    async def nan_score(*args, **kwargs):
         return math.nan
 
-    monkeypatch.setattr(server.pool, "score", nan_score)
+    monkeypatch.setattr(server.pool, "run", nan_score)
     result = verify(server, LEGS, "<answer>500</answer>")
     assert result.reward == 0.0 and "nan" in result.score_error
 
@@ -328,25 +331,27 @@ def test_http_verify(server):
 
 
 def test_pool_replaces_a_worker_that_died_while_idle():
-    pool = ScoringPool(num_workers=1, timeout_s=30)
+    pool = WorkerPool(num_workers=1, timeout_s=30, preload=SCORING_PRELOAD)
     try:
         entry = {"question": LEGS["question"], "answer": "500", "metadata": LEGS["metadata"]}
-        assert asyncio.run(pool.score("leg_counting", "500", entry)) == 1.0
-        worker = pool._slots.get()
-        worker.process.kill()
-        worker.process.wait()
-        pool._slots.put(worker)
-        assert asyncio.run(pool.score("leg_counting", "500", entry)) == 1.0
+        assert asyncio.run(pool.run(score_answer, "leg_counting", "500", entry)) == 1.0
+        (worker_pid,) = pool.worker_pids()
+        os.kill(worker_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pool.worker_pids() and time.monotonic() < deadline:  # until it is dead (and reaped)
+            time.sleep(0.05)
+        assert pool.worker_pids() == []
+        assert asyncio.run(pool.run(score_answer, "leg_counting", "500", entry)) == 1.0
     finally:
         pool.close()
 
 
 def test_pool_timeout_is_reported():
-    pool = ScoringPool(num_workers=1, timeout_s=1)
+    pool = WorkerPool(num_workers=1, timeout_s=1, preload=SCORING_PRELOAD)
     try:
         item = json.loads(json.dumps(reasoning_gym.create_dataset("simple_integration", seed=0, size=1)[0]))
-        with pytest.raises(ScoreTimeout):
-            asyncio.run(pool.score("simple_integration", "x**(9**9**9)", item))
+        with pytest.raises(WorkerTimeout):
+            asyncio.run(pool.run(score_answer, "simple_integration", "x**(9**9**9)", item))
     finally:
         pool.close()
 
