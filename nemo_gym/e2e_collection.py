@@ -37,6 +37,10 @@ class E2ERolloutCollectionConfig(BaseNeMoGymCLIConfig):
     limit: Optional[int] = Field(default=None, description="Use only the first `limit` rows.")
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def e2e_collect_rollouts_main(args: list[str]) -> int:
     if wants_help(args):
         sys.stdout.write(E2ERolloutCollectionConfig.help_text(COMMAND_NAME))
@@ -63,7 +67,7 @@ def e2e_collect_rollouts_main(args: list[str]) -> int:
 
     helper = RunHelper(cfg)
     # SIGTERM ends the run like Ctrl-C: the stack is stopped in `finally`.
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         helper.prepare()
         helper.reserve_head_port()

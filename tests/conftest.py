@@ -1,8 +1,6 @@
 """Shared test helpers. Integration tests start real processes; the only fake is the LLM backend (a real HTTP
 server from nemo_gym.testing.fake_openai_server)."""
 
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,14 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from nemo_gym.testing.stack import free_port  # noqa: F401  (re-exported for the tests)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_STACK = Path(__file__).resolve().parent / "fixtures" / "stack"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http_ok(url: str, timeout: float = 30.0) -> None:

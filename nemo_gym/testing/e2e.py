@@ -18,49 +18,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-import httpx
-
 from nemo_gym import PARENT_DIR
+from nemo_gym.testing.stack import ChildProcess, NgRunStack, free_port
 
 OPENAI_MODEL_CONFIG = "responses_api_models/openai_model/configs/openai_model.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_ok(url: str, proc: subprocess.Popen, timeout: float, output: list[str]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited ({proc.returncode}) before {url} was up:\n" + "\n".join(output[-60:]))
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} not healthy after {timeout} s:\n" + "\n".join(output[-60:]))
-
-
-def _drain(proc: subprocess.Popen, sink: list[str]) -> threading.Thread:
-    def read() -> None:
-        for line in proc.stdout:
-            sink.append(line.rstrip("\n"))
-
-    t = threading.Thread(target=read, daemon=True)
-    t.start()
-    return t
 
 
 def collect_examples_e2e(
@@ -75,10 +41,13 @@ def collect_examples_e2e(
     extra_overrides: Sequence[str] = (),
     collect_overrides: Sequence[str] = (),
     ready_timeout: float = 180.0,
+    project_dir: Optional[Path] = None,
 ) -> list[dict]:
     """Run the server's example dataset through a real stack and return the rollout rows in task order.
 
-    Raises AssertionError with the stack's output if collection exits non-zero."""
+    `project_dir` is where `ng_run` starts and the server folder is found (default: the nemo_gym checkout); the
+    config paths are relative to it. Raises AssertionError with the stack's output if collection exits non-zero."""
+    project_dir = Path(project_dir or PARENT_DIR)
     tmp_path = Path(tmp_path)
     args = list(backend_args)
     if script is not None:
@@ -91,48 +60,36 @@ def collect_examples_e2e(
     backend_port, head_port = free_port(), free_port()
     configs = list(config_paths or [f"resources_servers/{server_name}/configs/{server_name}.yaml", OPENAI_MODEL_CONFIG])
     agent = agent_name or f"{server_name}_simple_agent"
-    input_path = input_jsonl or str(PARENT_DIR / "resources_servers" / server_name / "data" / "example.jsonl")
+    input_path = input_jsonl or str(project_dir / "resources_servers" / server_name / "data" / "example.jsonl")
     output_path = tmp_path / "rollouts.jsonl"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    backend_out: list[str] = []
-    stack_out: list[str] = []
-    backend = subprocess.Popen(
+    backend = ChildProcess(
         [sys.executable, "-m", "nemo_gym.testing.fake_openai_server", "--port", str(backend_port), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        name="fake LLM",
     )
-    _drain(backend, backend_out)
     stack = None
     try:
-        _wait_ok(f"http://127.0.0.1:{backend_port}/health", backend, 60, backend_out)
-        stack = subprocess.Popen(
-            [sys.executable, "-c", "from nemo_gym.cli import run; run()",
-             f"+config_paths=[{','.join(configs)}]",
+        backend.wait_http_ok(f"http://127.0.0.1:{backend_port}/health")
+        stack = NgRunStack(
+            [f"+config_paths=[{','.join(configs)}]",
              f"+policy_base_url=http://127.0.0.1:{backend_port}/v1", "+policy_api_key=dummy",
              "+policy_model_name=fake-model", f"+head_server.port={head_port}", *extra_overrides],
-            cwd=PARENT_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            cwd=project_dir,
         )
-        _drain(stack, stack_out)
-        deadline = time.monotonic() + ready_timeout
-        while not any("servers ready!" in line for line in stack_out):
-            if stack.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("ng_run did not become ready:\n" + "\n".join(stack_out[-80:]))
-            time.sleep(0.05)
+        stack.wait_for("servers ready!", timeout=ready_timeout)
         collect = subprocess.run(
             [sys.executable, "-c", "from nemo_gym.cli import collect_rollouts; collect_rollouts()",
              f"+agent_name={agent}", f"+input_jsonl_fpath={input_path}", f"+output_jsonl_fpath={output_path}",
              f"+head_server.port={head_port}", "+progress_bar=false", *collect_overrides],
-            cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600,
+            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=600,
         )
         if collect.returncode != 0:
             raise AssertionError(
                 f"ng_collect_rollouts exited {collect.returncode}\n--- stdout\n{collect.stdout}\n--- stderr\n"
-                f"{collect.stderr}\n--- stack\n" + "\n".join(stack_out[-80:]) + "\n--- fake LLM\n" + "\n".join(backend_out[-40:])
+                f"{collect.stderr}\n--- stack\n{stack.tail(80)}\n--- fake LLM\n{backend.tail(40)}"
             )
     finally:
-        if stack is not None and stack.poll() is None:
-            stack.send_signal(signal.SIGINT)
-            stack.wait(timeout=60)
-        backend.terminate()
-        backend.wait(timeout=10)
+        if stack is not None:
+            stack.stop(timeout=60)
+        backend.stop(signal.SIGTERM, timeout=10)
     rows = [json.loads(line) for line in output_path.read_text().splitlines() if line.strip()]
     return sorted(rows, key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"]))

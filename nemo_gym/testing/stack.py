@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +27,13 @@ from typing import Mapping, Optional, Sequence, Union
 import httpx
 
 NG_RUN = [sys.executable, "-c", "from nemo_gym.cli import run; run()"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (for servers a test starts itself; `ng_run` reserves its own)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 class ChildProcess:
@@ -62,6 +70,25 @@ class ChildProcess:
     @property
     def output(self) -> str:
         return "\n".join(self.lines)
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.lines[-n:])
+
+    def wait_http_ok(self, url: str, timeout: float = 60.0) -> None:
+        """Return once `url` answers 200; AssertionError (with the output) if the child exits first or on
+        timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._reader.join(timeout=5)
+                raise AssertionError(f"{self.name} exited ({self.proc.returncode}) before {url} was up:\n{self.tail()}")
+            try:
+                if httpx.get(url, timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"{url} not healthy after {timeout} s:\n{self.tail()}")
 
     def _seen(self, text: str) -> bool:
         return any(text in line for line in self.lines)

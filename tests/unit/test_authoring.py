@@ -7,12 +7,10 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import stat
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -269,60 +267,14 @@ def test_scaffold_metrics_equal_what_ng_prepare_data_writes(tmp_path):
 
 def test_scaffold_runs_end_to_end_with_ng_run_and_ng_collect_rollouts(tmp_path):
     """The scaffold as a real stack (ng_run from the project folder) with the scaffold's own fake-LLM script."""
-    from nemo_gym.testing.e2e import OPENAI_MODEL_CONFIG, _drain, _wait_ok, free_port
+    from nemo_gym.testing.e2e import collect_examples_e2e
 
     assert init(tmp_path, "+entrypoint=resources_servers/my_env") == 0
     e2e_file = tmp_path / "resources_servers/my_env/tests/test_e2e.py"
     spec = importlib.util.spec_from_file_location("scaffold_e2e", e2e_file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps(module.fake_llm_script()))
-
-    backend_port, head_port = free_port(), free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
-    backend_out: list[str] = []
-    stack_out: list[str] = []
-    backend = subprocess.Popen(
-        [sys.executable, "-m", "nemo_gym.testing.fake_openai_server",
-         "--port", str(backend_port), "--script", str(script)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )
-    _drain(backend, backend_out)
-    stack = None
-    try:
-        _wait_ok(f"http://127.0.0.1:{backend_port}/health", backend, 60, backend_out)
-        stack = subprocess.Popen(
-            [sys.executable, "-c", "from nemo_gym.cli import run; run()",
-             f"+config_paths=[resources_servers/my_env/configs/my_env.yaml,{OPENAI_MODEL_CONFIG}]",
-             f"+policy_base_url=http://127.0.0.1:{backend_port}/v1", "+policy_api_key=dummy",
-             "+policy_model_name=fake-model", f"+head_server.port={head_port}"],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        )
-        _drain(stack, stack_out)
-        deadline = time.monotonic() + 180
-        while not any("servers ready!" in line for line in stack_out):
-            assert stack.poll() is None and time.monotonic() < deadline, "\n".join(stack_out[-80:])
-            time.sleep(0.05)
-        collect = subprocess.run(
-            [sys.executable, "-c", "from nemo_gym.cli import collect_rollouts; collect_rollouts()",
-             "+agent_name=my_env_simple_agent", "+input_jsonl_fpath=resources_servers/my_env/data/example.jsonl",
-             f"+output_jsonl_fpath={tmp_path / 'rollouts.jsonl'}", f"+head_server.port={head_port}",
-             "+progress_bar=false"],
-            cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300,
-        )
-        assert collect.returncode == 0, collect.stdout + collect.stderr + "\n".join(stack_out[-60:])
-    finally:
-        if stack is not None and stack.poll() is None:
-            stack.send_signal(signal.SIGINT)
-            stack.wait(timeout=60)
-        backend.terminate()
-        backend.wait(timeout=10)
-    rows = sorted(
-        (json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()),
-        key=lambda r: r["_ng_task_index"],
-    )
+    rows = collect_examples_e2e("my_env", tmp_path, script=module.fake_llm_script(), project_dir=tmp_path)
     assert [r["reward"] for r in rows] == [1.0] * 5
     assert [r["extracted_answer"] for r in rows] == [r["expected_answer"] for r in rows] == [6, 8, 7, 8, 14]
     assert all(r["called_tool"] for r in rows)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 from collections import deque
 from typing import Any, Iterator, Optional
 
@@ -30,6 +29,7 @@ from starlette.routing import Route
 from nemo_gym.openai_utils import NeMoGymChatCompletion, NeMoGymResponse
 from nemo_gym.server_utils import ServerClient
 from nemo_gym.testing.live_server import live_server
+from nemo_gym.testing.stack import free_port
 from responses_api_models.vllm_model.app import VLLMModel, VLLMModelConfig
 
 # ------------------------------------------------------------------------------------------------------------
@@ -154,12 +154,6 @@ def _json_with_cookie(data: Any) -> Response:
     response = _json(data)
     response.set_cookie("upstream_session", f"s{data['id']}")
     return response
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
