@@ -77,8 +77,8 @@ def chat_completion(training: bool) -> dict:
 
 
 def bench_in_process(iterations: int, training: bool) -> None:
-    from nemo_gym.chat_conversion import chat_completion_to_response, responses_to_chat_params
-    from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+    from nemo_gym.api.chat_conversion import chat_completion_to_response, responses_to_chat_params
+    from nemo_gym.api.schemas import NeMoGymResponseCreateParamsNonStreaming
 
     params = request_params(training)
     completion = chat_completion(training)
@@ -143,7 +143,7 @@ def serve_fake(port: int) -> None:
 
 
 def serve_model(port: int, upstream: str, training: bool) -> None:
-    from nemo_gym.server_utils import ServerClient
+    from nemo_gym.servers.base import ServerClient
     from responses_api_models.vllm_model.app import VLLMModel, VLLMModelConfig
 
     config = VLLMModelConfig(host="127.0.0.1", port=port, entrypoint="app.py", name="policy_model",
@@ -186,7 +186,7 @@ def _timed_post(client: Any, url: str, body: dict) -> float:
 def bench_end_to_end(calls: int, training: bool) -> None:
     import httpx
 
-    from nemo_gym.chat_conversion import responses_to_chat_params
+    from nemo_gym.api.chat_conversion import responses_to_chat_params
 
     fake_port, model_port = _free_port(), _free_port()
     me = [sys.executable, os.path.abspath(__file__)]

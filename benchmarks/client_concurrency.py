@@ -2,7 +2,7 @@
 
 Starts a local uvicorn server (subprocess, uvloop + httptools) on 127.0.0.1 whose POST endpoint sleeps
 `--latency-ms` and returns a small JSON, then, for each transport, fires `--requests` requests through
-`nemo_gym.server_client.ServerClient` with `--concurrency` of them in flight at once (all at once via
+`nemo_gym.http.client.ServerClient` with `--concurrency` of them in flight at once (all at once via
 `asyncio.gather` when concurrency >= requests) and prints one table row per transport.
 
 Transports:
@@ -144,7 +144,7 @@ async def client_run(transport_name: str, port: int, n: int, concurrency: int, t
                      limit: int, limit_per_host: int, gc_threshold: str = "") -> dict:
     import httpx
 
-    from nemo_gym.server_client import ServerClient, build_transport
+    from nemo_gym.http.client import ServerClient, build_transport
 
     raw_session = None
     if transport_name == "default":

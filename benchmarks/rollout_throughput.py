@@ -67,7 +67,7 @@ def load_row() -> dict:
 
 async def drive(url: str, row: dict, total: int, in_flight: int) -> tuple[float, list[float], int]:
     """Send `total` /run calls with at most `in_flight` at once; returns wall seconds, latencies, failures."""
-    from nemo_gym.server_client import get_global_client
+    from nemo_gym.http.client import get_global_client
 
     client = await get_global_client()
     body = json.dumps(row).encode()

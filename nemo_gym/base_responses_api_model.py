@@ -1,52 +1,6 @@
-"""Model servers (NeMo Gym v0.2 `base_responses_api_model`).
+"""NeMo Gym v0.2 import path for `SimpleResponsesAPIModel`; the code lives in `nemo_gym.servers.model_server`."""
 
-Routes: `POST /v1/responses` (`NeMoGymResponseCreateParamsNonStreaming` -> `NeMoGymResponse`) and
-`POST /v1/chat/completions` (`NeMoGymChatCompletionCreateParamsNonStreaming` -> `NeMoGymChatCompletion`).
-Non-streaming only. The session's `session_id` identifies a rollout (e.g. to pin it to one backend).
-"""
+from nemo_gym.servers.model_server import *  # noqa: F401,F403
+from nemo_gym.servers import model_server as _model_server
 
-from __future__ import annotations
-
-from abc import abstractmethod
-
-from fastapi import Body, FastAPI
-
-from nemo_gym.config_types import BaseRunServerInstanceConfig
-from nemo_gym.openai_utils import (
-    NeMoGymChatCompletion,
-    NeMoGymChatCompletionCreateParamsNonStreaming,
-    NeMoGymResponse,
-    NeMoGymResponseCreateParamsNonStreaming,
-)
-from nemo_gym.server_utils import BaseServer, SimpleServer
-
-__all__ = ["BaseResponsesAPIModelConfig", "BaseResponsesAPIModel", "SimpleResponsesAPIModel"]
-
-
-class BaseResponsesAPIModelConfig(BaseRunServerInstanceConfig):
-    """The config block of a model server (subclasses add backend URL, key, model name, ...)."""
-
-
-class BaseResponsesAPIModel(BaseServer):
-    config: BaseResponsesAPIModelConfig
-
-
-class SimpleResponsesAPIModel(BaseResponsesAPIModel, SimpleServer):
-    """A model server as a FastAPI app with `/v1/chat/completions` and `/v1/responses`."""
-
-    def setup_webserver(self) -> FastAPI:
-        app = FastAPI()
-        self.setup_session_middleware(app)
-        app.post("/v1/chat/completions")(self.chat_completions)
-        app.post("/v1/responses")(self.responses)
-        return app
-
-    @abstractmethod
-    async def chat_completions(
-        self, body: NeMoGymChatCompletionCreateParamsNonStreaming = Body()
-    ) -> NeMoGymChatCompletion:
-        """One Chat Completions call."""
-
-    @abstractmethod
-    async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> NeMoGymResponse:
-        """One Responses API call."""
+__all__ = [*_model_server.__all__]

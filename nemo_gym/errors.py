@@ -1,4 +1,7 @@
-"""User-facing errors: raised for mistakes the user can fix, printed without a traceback."""
+"""User-facing errors: raised for mistakes the user can fix, printed without a traceback, with a suggestion."""
+
+import difflib
+from typing import Iterable, Optional
 
 
 class NeMoGymConfigError(ValueError):
@@ -9,3 +12,15 @@ class NeMoGymConfigError(ValueError):
     """
 
     exit_code = 2
+
+
+def closest_match(name: str, known: Iterable[str], cutoff: float = 0.6) -> Optional[str]:
+    """The known name a misspelled `name` most likely meant, or None."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=cutoff)
+    return close[0] if close and close[0] != name else None
+
+
+def did_you_mean(name: str, known: Iterable[str], cutoff: float = 0.6) -> str:
+    """`" Did you mean `x`?"` to append to an error message, or "" when nothing is close."""
+    close = closest_match(name, known, cutoff)
+    return f" Did you mean `{close}`?" if close else ""

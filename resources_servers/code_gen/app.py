@@ -9,7 +9,7 @@ row's `verifier_metadata.unit_tests`:
   top-level function. Each input is a string with one JSON value per line (the positional arguments; a JSON list
   of the arguments works too), each output the JSON text of the expected return value.
 
-The program runs in a sandbox (`nemo_gym.sandbox`: no network, a private scratch directory, CPU / memory /
+The program runs in a sandbox (`nemo_gym.isolation.sandbox`: no network, a private scratch directory, CPU / memory /
 process / file-size limits, an unprivileged user, killed with all its children at the time limit) and never in
 this process. Execution happens in a worker thread, or as a Ray task when Ray is up (`ray: true` in the server
 config), so the event loop keeps serving while programs run.
@@ -52,7 +52,7 @@ class CodeGenResourcesServerConfig(BaseResourcesServerConfig):
     unit_test_timeout_secs: float = 10.0  # wall-clock limit per test
     debug: bool = False  # print every verify's outcome
     reasoning_format_penalty: float = -0.2
-    # Sandbox limits (see nemo_gym/sandbox.py).
+    # Sandbox limits (see nemo_gym/isolation/sandbox.py).
     memory_limit_mb: int = 1024  # per process (RLIMIT_AS)
     max_processes: int = 16  # processes + threads of the program (RLIMIT_NPROC)
     max_output_mb: float = 8.0  # per test; more output is a runtime error
@@ -169,7 +169,7 @@ class CodeGenResourcesServer(SimpleResourcesServer):
     def _use_ray(self) -> bool:
         if self.config.use_ray is False:
             return False
-        from nemo_gym.ray_utils import ray_is_initialized
+        from nemo_gym.runtime.ray import ray_is_initialized
 
         return bool(self.config.use_ray) or ray_is_initialized()
 
@@ -177,7 +177,7 @@ class CodeGenResourcesServer(SimpleResourcesServer):
         if self._ray_task is None:
             import ray
 
-            from nemo_gym.ray_utils import ensure_ray
+            from nemo_gym.runtime.ray import ensure_ray
 
             if not ray.is_initialized():
                 ensure_ray()

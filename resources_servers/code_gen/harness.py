@@ -3,7 +3,7 @@
 `run_unit_tests(code, unit_tests, settings)` is a plain blocking function: the server calls it in a worker thread,
 or as a Ray task (it is importable and its arguments are picklable) when Ray is up.
 
-The program runs under `nemo_gym.sandbox` with `sandbox_driver.py` as its driver. The driver gets one test input
+The program runs under `nemo_gym.isolation.sandbox` with `sandbox_driver.py` as its driver. The driver gets one test input
 at a time and reports what the program printed or returned; the expected outputs never enter the sandbox, and the
 comparison happens here. Tests run in order and stop at the first failure.
 
@@ -22,7 +22,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from nemo_gym.sandbox import Sandbox, SandboxError, SandboxLimits
+from nemo_gym.isolation.sandbox import Sandbox, SandboxError, SandboxLimits
 
 PASS = True
 GLOBAL_FAILURE = -1

@@ -12,7 +12,7 @@ There are no tools: the model answers in text and `verify` grades it in two stag
    both calls say equal.
 
 What it teaches: using the real library built for the job, running it where a pathological input cannot hang the
-server (a worker process with a hard time limit, see `nemo_gym/worker_pool.py`), and calling another server of the stack
+server (a worker process with a hard time limit, see `nemo_gym/isolation/worker_pool.py`), and calling another server of the stack
 (the judge model) from a verifier by its server id.
 """
 
@@ -37,7 +37,7 @@ from nemo_gym.openai_utils import (
     NeMoGymResponseCreateParamsNonStreaming,
 )
 from nemo_gym.server_utils import get_response_json, raise_for_status
-from nemo_gym.worker_pool import WorkerPool, WorkerTimeout
+from nemo_gym.isolation.worker_pool import WorkerPool, WorkerTimeout
 
 from resources_servers.math_with_judge.grading import grade_with_math_verify
 

@@ -1,5 +1,5 @@
 """The math-verify part of math_with_judge, kept apart from the server so a worker process imports only this
-(and math-verify) before grading: see `nemo_gym/worker_pool.py`.
+(and math-verify) before grading: see `nemo_gym/isolation/worker_pool.py`.
 
 Everything here is the real library: `parse` extracts answers (LaTeX, plain expressions, `\\boxed{}`), `verify`
 compares them symbolically and numerically, each guarded by math-verify's own signal-based timeouts (which work

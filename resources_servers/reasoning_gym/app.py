@@ -11,7 +11,7 @@ single gold answer, whose scorer checks the solution itself) and `metadata`, who
 
 This is the pattern for wrapping an existing task library: let the library generate and grade, and keep the
 server to reading the answer out of the response and reporting what it read. Scorers run in worker processes
-with a time limit (`nemo_gym/worker_pool.py` running `scoring.py`), because a scorer fed an adversarial answer can run for hours.
+with a time limit (`nemo_gym/isolation/worker_pool.py` running `scoring.py`), because a scorer fed an adversarial answer can run for hours.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from nemo_gym.base_resources_server import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
-from nemo_gym.worker_pool import WorkerPool
+from nemo_gym.isolation.worker_pool import WorkerPool
 from resources_servers.reasoning_gym.scoring import SCORING_PRELOAD, score_answer
 
 LOG = logging.getLogger(__name__)

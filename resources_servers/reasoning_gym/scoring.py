@@ -1,4 +1,4 @@
-"""The function reasoning_gym's scoring workers run (see `nemo_gym/worker_pool.py`).
+"""The function reasoning_gym's scoring workers run (see `nemo_gym/isolation/worker_pool.py`).
 
 Why a worker process: some scorers hand the model's answer to sympy, and an answer such as `x**(9**9**9)` makes that
 run for hours inside one C call that holds the GIL. In the server it would freeze every request, and a thread could

@@ -50,7 +50,7 @@ from nemo_gym.base_responses_api_agent import (
 )
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.server_client import NeMoGymHTTPError
+from nemo_gym.http.client import NeMoGymHTTPError
 
 __all__ = ["SimpleAgentConfig", "SimpleAgentRunRequest", "SimpleAgentVerifyResponse", "SimpleAgent"]
 

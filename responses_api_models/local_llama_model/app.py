@@ -63,7 +63,7 @@ from fastapi import Body, FastAPI, HTTPException
 from pydantic import PrivateAttr
 
 from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
-from nemo_gym.chat_conversion import build_response, new_item_id
+from nemo_gym.api.chat_conversion import build_response, new_item_id
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.openai_utils import (
     NeMoGymChatCompletion,

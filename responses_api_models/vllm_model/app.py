@@ -1,6 +1,6 @@
 """vllm_model: the Responses API in front of any Chat Completions server (vLLM, SGLang, llama.cpp, Ollama, ...).
 
-`POST /v1/responses` converts the request to Chat Completions (`nemo_gym.chat_conversion`), calls the upstream's
+`POST /v1/responses` converts the request to Chat Completions (`nemo_gym.api.chat_conversion`), calls the upstream's
 `/chat/completions` and converts the answer back; `POST /v1/chat/completions` calls the upstream with the same
 preparation (model name, developer role, `<think>` handling, chat-template kwargs, training token data). With
 `is_responses_native: true` `/v1/responses` is forwarded to the upstream's own `/responses` instead.
@@ -38,7 +38,7 @@ from omegaconf import DictConfig
 from pydantic import PrivateAttr, model_validator
 
 from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
-from nemo_gym.chat_conversion import (
+from nemo_gym.api.chat_conversion import (
     ChatConversionError,
     chat_completion_to_response,
     empty_chat_completion,
@@ -55,7 +55,7 @@ from nemo_gym.openai_utils import (
     NeMoGymOpenAIError,
     NeMoGymResponseCreateParamsNonStreaming,
 )
-from nemo_gym.server_client import DEFAULT_TIMEOUT, get_global_transport
+from nemo_gym.http.client import DEFAULT_TIMEOUT, get_global_transport
 from nemo_gym.server_utils import SESSION_ID_KEY
 
 LOG = logging.getLogger("nemo_gym.vllm_model")

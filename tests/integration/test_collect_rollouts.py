@@ -24,7 +24,7 @@ SCRIPT = FIXTURE_STACK / "scripts" / "collect.jsonl"
 COLLECT = [
     sys.executable,
     "-c",
-    "import sys; from nemo_gym.rollout_collection import collect_rollouts_main; sys.exit(collect_rollouts_main(sys.argv[1:]))",
+    "import sys; from nemo_gym.rollouts.collection import collect_rollouts_main; sys.exit(collect_rollouts_main(sys.argv[1:]))",
 ]
 T, R = "_ng_task_index", "_ng_rollout_index"
 GATED = "gated_counter_resources_server"

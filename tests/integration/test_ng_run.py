@@ -82,7 +82,7 @@ def test_stack_starts_runs_a_rollout_and_stops_cleanly_on_sigint(fake_backend):
         assert "dummy-key" not in config_text and "****" in config_text
 
         # External clients find every server through the head server alone.
-        from nemo_gym.server_client import ServerClient
+        from nemo_gym.http.client import ServerClient
 
         client = ServerClient.load_from_global_config({"host": "127.0.0.1", "port": head_port})
         assert client.global_config_dict["counter_agent"]["responses_api_agents"]["loop_agent"]["port"] == (

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from nemo_gym import PARENT_DIR, cli
-from nemo_gym import server_scaffold as scaffold
-from nemo_gym import server_tests as st
-from nemo_gym.venvs import VenvResult
+from nemo_gym.authoring import scaffold
+from nemo_gym.authoring import server_tests as st
+from nemo_gym.runtime.venvs import VenvResult
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +36,7 @@ def init(tmp_path: Path, *args: str) -> int:
 
 
 TINY_APP = '''
-from nemo_gym.base_resources_server import (
+from nemo_gym.servers.resources_server import (
     BaseResourcesServerConfig, BaseRunRequest, BaseVerifyRequest, BaseVerifyResponse, SimpleResourcesServer,
 )
 
@@ -247,8 +247,8 @@ def test_scaffold_passes_ng_test_with_data_validation(tmp_path, capsys):
 
 
 def test_scaffold_metrics_equal_what_ng_prepare_data_writes(tmp_path):
-    from nemo_gym.global_config import parse_global_config
-    from nemo_gym.train_data_utils import POLICY_PLACEHOLDERS, TrainDataProcessorConfig, prepare_data
+    from nemo_gym.config.global_config import parse_global_config
+    from nemo_gym.rollouts.data_prep import POLICY_PLACEHOLDERS, TrainDataProcessorConfig, prepare_data
 
     assert init(tmp_path, "+entrypoint=resources_servers/my_env") == 0
     metrics = tmp_path / "resources_servers/my_env/data/example_metrics.json"
@@ -358,12 +358,12 @@ def test_ng_test_uses_the_isolated_venv(tmp_path, monkeypatch, capsys, where):
     seen = {}
 
     def fake_ensure(server_dir, global_config, server_config, *, log=print):
-        from nemo_gym.venvs import effective_venv_mode
+        from nemo_gym.runtime.venvs import effective_venv_mode
 
         seen["mode"] = effective_venv_mode(global_config, server_config)
         return VenvResult(server=str(server_dir), mode=seen["mode"], python=str(python), action="reused")
 
-    monkeypatch.setattr("nemo_gym.venvs.ensure_server_venv", fake_ensure)
+    monkeypatch.setattr("nemo_gym.runtime.venvs.ensure_server_venv", fake_ensure)
     make_server(tmp_path, "iso", venv_mode="isolated" if where == "server_block" else None)
     args = ["+entrypoint=resources_servers/iso", "+should_validate_data=true"]
     if where == "global":
@@ -383,10 +383,10 @@ def test_ng_test_isolated_venv_without_pytest(tmp_path, monkeypatch, capsys):
     failing_uv.write_text("#!/bin/sh\necho 'No solution found: network unreachable' >&2\nexit 1\n")
     failing_uv.chmod(0o755)
     monkeypatch.setattr(
-        "nemo_gym.venvs.ensure_server_venv",
+        "nemo_gym.runtime.venvs.ensure_server_venv",
         lambda *a, **k: VenvResult(server="x", mode="isolated", python=str(python), action="reused"),
     )
-    monkeypatch.setattr("nemo_gym.venvs.find_uv", lambda: str(failing_uv))
+    monkeypatch.setattr("nemo_gym.runtime.venvs.find_uv", lambda: str(failing_uv))
     monkeypatch.setattr(st, "_has_pytest", lambda python: False)
     make_server(tmp_path, "nopytest")
     assert st.ng_test_main(["+entrypoint=resources_servers/nopytest"], cwd=tmp_path) == 1
@@ -445,7 +445,7 @@ def test_data_validation_hint_command_really_creates_the_metrics(tmp_path):
     import shlex
 
     args = shlex.split(command)[1:]
-    from nemo_gym.train_data_utils import prepare_data_main
+    from nemo_gym.rollouts.data_prep import prepare_data_main
 
     cwd = os.getcwd()
     os.chdir(tmp_path)

@@ -13,7 +13,7 @@ import pytest
 from fastapi import Body, FastAPI, Request, Response
 from pydantic import BaseModel, Field
 
-from nemo_gym.base_resources_server import (
+from nemo_gym.servers.resources_server import (
     BaseResourcesServerConfig,
     BaseRunRequest,
     BaseSeedSessionRequest,
@@ -22,21 +22,21 @@ from nemo_gym.base_resources_server import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
-from nemo_gym.base_responses_api_agent import (
+from nemo_gym.servers.agent_server import (
     AgentRunRequest,
     AgentVerifyResponse,
     BaseResponsesAPIAgentConfig,
     SimpleResponsesAPIAgent,
 )
-from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
-from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
-from nemo_gym.openai_utils import (
+from nemo_gym.servers.model_server import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
+from nemo_gym.config.types import ModelServerRef, ResourcesServerRef
+from nemo_gym.api.schemas import (
     NeMoGymChatCompletion,
     NeMoGymChatCompletionCreateParamsNonStreaming,
     NeMoGymResponse,
     NeMoGymResponseCreateParamsNonStreaming,
 )
-from nemo_gym.server_utils import SESSION_ID_KEY, ServerClient, get_response_json, raise_for_status
+from nemo_gym.servers.base import SESSION_ID_KEY, ServerClient, get_response_json, raise_for_status
 from tests.unit.test_server_utils import live_server
 
 # ------------------------------------------------------------------------------------------------------------

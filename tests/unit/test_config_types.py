@@ -4,7 +4,7 @@ import pytest
 from omegaconf import OmegaConf
 from pydantic import Field, TypeAdapter, ValidationError
 
-from nemo_gym.config_types import (
+from nemo_gym.config.types import (
     SERVER_TYPES,
     AgentServerRef,
     BaseNeMoGymCLIConfig,

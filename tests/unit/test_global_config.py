@@ -9,11 +9,12 @@ import pytest
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from nemo_gym import WORKING_DIR, ports
-from nemo_gym import global_config as gc
-from nemo_gym.config_types import BaseRunServerInstanceConfig, ModelServerRef
+from nemo_gym import WORKING_DIR
+from nemo_gym.config import ports
+from nemo_gym.config import global_config as gc
+from nemo_gym.config.types import BaseRunServerInstanceConfig, ModelServerRef
 from nemo_gym.errors import NeMoGymConfigError
-from nemo_gym.global_config import (
+from nemo_gym.config.global_config import (
     NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
     NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
     dump_config_yaml,

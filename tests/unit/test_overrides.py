@@ -4,7 +4,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from nemo_gym.errors import NeMoGymConfigError
-from nemo_gym.overrides import (
+from nemo_gym.config.overrides import (
     Override,
     apply_overrides,
     deletions,

@@ -3,7 +3,7 @@ import socket
 
 import pytest
 
-from nemo_gym import ports
+from nemo_gym.config import ports
 from nemo_gym.errors import NeMoGymConfigError
 
 

@@ -1,4 +1,4 @@
-"""nemo_gym.ray_utils: Ray only when a server asks for it; children join the parent's cluster; no-Ray stacks
+"""nemo_gym.runtime.ray: Ray only when a server asks for it; children join the parent's cluster; no-Ray stacks
 never import ray. One real cluster start for the whole module (about 10 s)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from nemo_gym import PARENT_DIR
-from nemo_gym.ray_utils import RayHandle, server_wants_ray, shutdown_ray, start_or_join_ray_for_launch
+from nemo_gym.runtime.ray import RayHandle, server_wants_ray, shutdown_ray, start_or_join_ray_for_launch
 
 
 def block(ray=None, server_type="resources_servers", impl="x"):
@@ -53,7 +53,7 @@ def test_given_address_is_remembered_without_starting_or_importing_ray():
     code = textwrap.dedent(
         """
         import sys
-        from nemo_gym.ray_utils import start_or_join_ray_for_launch, shutdown_ray
+        from nemo_gym.runtime.ray import start_or_join_ray_for_launch, shutdown_ray
         cfg = {"ray_head_node_address": "10.1.2.3:6379", "a": {"resources_servers": {"x": {"entrypoint": "app.py", "ray": True}}}}
         h = start_or_join_ray_for_launch(cfg)
         assert h.address == "10.1.2.3:6379" and h.started is False, h
@@ -71,7 +71,7 @@ def test_no_ray_stack_never_imports_ray():
     code = textwrap.dedent(
         """
         import sys
-        from nemo_gym.ray_utils import initialize_ray, start_or_join_ray_for_launch
+        from nemo_gym.runtime.ray import initialize_ray, start_or_join_ray_for_launch
         from omegaconf import OmegaConf
         cfg = OmegaConf.create({"a": {"resources_servers": {"x": {"entrypoint": "app.py"}}},
                                 "b": {"responses_api_models": {"m": {"entrypoint": "app.py", "ray": False}}}})
@@ -127,7 +127,7 @@ def test_child_process_joins_and_runs_a_task(launched):
     code = textwrap.dedent(
         """
         import ray
-        from nemo_gym.ray_utils import initialize_ray, ensure_ray
+        from nemo_gym.runtime.ray import initialize_ray, ensure_ray
 
         address = initialize_ray()  # reads NEMO_GYM_CONFIG_DICT like a server child
         assert ensure_ray() == address  # already connected: no second cluster
@@ -152,7 +152,7 @@ def test_child_process_joins_and_runs_a_task(launched):
 
 def test_child_side_decisions(monkeypatch):
     """initialize_ray / ensure_ray branches, with the Ray calls stubbed (no cluster start)."""
-    from nemo_gym import ray_utils
+    from nemo_gym.runtime import ray as ray_utils
 
     calls = []
     monkeypatch.setattr(ray_utils, "_current_address", lambda: None)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.reward_profile import (
+from nemo_gym.rollouts.reward_profile import (
     compute_profile,
     pass_at_k,
     print_profile_table,

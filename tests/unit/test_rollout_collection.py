@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from nemo_gym.errors import NeMoGymConfigError
-from nemo_gym.rollout_collection import (
+from nemo_gym.rollouts.collection import (
     ROLLOUT_INDEX_KEY_NAME,
     TASK_INDEX_KEY_NAME,
     CollectionPaths,
@@ -30,7 +30,7 @@ from nemo_gym.rollout_collection import (
     repair_jsonl_tail,
     run_from_config,
 )
-from nemo_gym.server_client import ServerClient
+from nemo_gym.http.client import ServerClient
 
 T, R = TASK_INDEX_KEY_NAME, ROLLOUT_INDEX_KEY_NAME
 
@@ -656,7 +656,7 @@ def test_missing_parameters_are_a_config_error_with_exit_code_2(capsys, tmp_path
 
 def test_config_parses_overrides_from_the_command_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    from nemo_gym.global_config import parse_global_config
+    from nemo_gym.config.global_config import parse_global_config
 
     cfg = parse_global_config(
         [
@@ -677,8 +677,8 @@ def test_config_parses_overrides_from_the_command_line(tmp_path, monkeypatch):
 
 INTERRUPTIBLE = """
 import asyncio, sys, httpx
-from nemo_gym.rollout_collection import RolloutCollectionConfig, run_from_config
-from nemo_gym.server_client import ServerClient
+from nemo_gym.rollouts.collection import RolloutCollectionConfig, run_from_config
+from nemo_gym.http.client import ServerClient
 
 async def handler(request):
     print("started", flush=True)
@@ -718,7 +718,7 @@ def test_ctrl_c_stops_cleanly_with_exit_code_130_and_a_resume_hint(tmp_path):
 
 
 def test_a_mistyped_agent_name_is_an_error_even_when_rows_name_their_agent(tmp_path):
-    from nemo_gym.rollout_collection import RolloutCollectionConfig, run_from_config
+    from nemo_gym.rollouts.collection import RolloutCollectionConfig, run_from_config
 
     rows = [{"responses_create_params": params(), "agent_ref": {"name": "weather_agent"}}]
     config = RolloutCollectionConfig(

@@ -1,4 +1,4 @@
-"""nemo_gym.sandbox: what a sandboxed program can and cannot do.
+"""nemo_gym.isolation.sandbox: what a sandboxed program can and cannot do.
 
 The full sandbox needs root (namespaces, a dedicated uid); those tests are skipped otherwise. Resource-exhaustion
 tests use low caps (8 processes, 256 MiB) so that even a failure of the sandbox could not hurt the machine much.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.sandbox import (
+from nemo_gym.isolation.sandbox import (
     UID_POOL_BASE,
     UID_POOL_SIZE,
     Sandbox,

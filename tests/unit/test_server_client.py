@@ -19,8 +19,8 @@ from fastapi import FastAPI, Request, Response
 from omegaconf import OmegaConf
 from pydantic import BaseModel
 
-from nemo_gym import server_client as sc
-from nemo_gym.server_client import (
+from nemo_gym.http import client as sc
+from nemo_gym.http.client import (
     NeMoGymHTTPError,
     ServerClient,
     close_global_client,

@@ -23,9 +23,9 @@ import yaml
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel
 
-from nemo_gym.config_types import BaseRunServerInstanceConfig
+from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.errors import NeMoGymConfigError
-from nemo_gym.server_utils import (
+from nemo_gym.servers.base import (
     IS_NEMO_GYM_FASTAPI_ENTRYPOINT_KEY_NAME,
     IS_NEMO_GYM_FASTAPI_WORKER_KEY_NAME,
     SESSION_ID_KEY,
@@ -249,7 +249,7 @@ class WeatherServer(SimpleServer):
 
 @pytest.fixture
 def global_config(monkeypatch):
-    from nemo_gym import global_config as gc
+    from nemo_gym.config import global_config as gc
 
     def install(cfg: dict, server_id: str):
         gc.set_global_config_dict(cfg)
@@ -415,9 +415,9 @@ SERVER_APP = textwrap.dedent(
     """
     import os, sys, threading, time
     from fastapi import FastAPI, Request
-    from nemo_gym.base_resources_server import BaseResourcesServerConfig, BaseVerifyRequest, BaseVerifyResponse
-    from nemo_gym.base_resources_server import SimpleResourcesServer
-    from nemo_gym.server_utils import SESSION_ID_KEY, is_nemo_gym_fastapi_entrypoint
+    from nemo_gym.servers.resources_server import BaseResourcesServerConfig, BaseVerifyRequest, BaseVerifyResponse
+    from nemo_gym.servers.resources_server import SimpleResourcesServer
+    from nemo_gym.servers.base import SESSION_ID_KEY, is_nemo_gym_fastapi_entrypoint
 
     print("importing the entrypoint", flush=True)
 

@@ -11,8 +11,8 @@ import orjson
 import pytest
 from fastapi import FastAPI, Request
 
-from nemo_gym import sessions
-from nemo_gym.sessions import (
+from nemo_gym.http import sessions
+from nemo_gym.http.sessions import (
     SESSION_ID_KEY,
     SESSION_SECRET_ENV_VAR_NAME,
     SessionCookieMiddleware,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym.base_resources_server import BaseRunRequest
+from nemo_gym.servers.resources_server import BaseRunRequest
 from nemo_gym.errors import NeMoGymConfigError
-from nemo_gym.global_config import parse_global_config
-from nemo_gym.train_data_utils import (
+from nemo_gym.config.global_config import parse_global_config
+from nemo_gym.rollouts.data_prep import (
     ERROR_REPORT_FILENAME,
     MAX_ERRORS_IN_MESSAGE,
     POLICY_PLACEHOLDERS,
@@ -121,7 +121,7 @@ def test_config_parameters_and_scope(ws):
 
 
 def test_config_is_parsed_with_empty_policy_values_and_no_ports(ws, monkeypatch):
-    import nemo_gym.global_config as global_config_module
+    import nemo_gym.config.global_config as global_config_module
 
     seen = {}
     real = global_config_module.parse_global_config

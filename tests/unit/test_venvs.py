@@ -1,4 +1,4 @@
-"""nemo_gym.venvs: shared by default, isolated uv venvs on request, cached by hash, locked, rebuilt if half-built."""
+"""nemo_gym.runtime.venvs: shared by default, isolated uv venvs on request, cached by hash, locked, rebuilt if half-built."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from nemo_gym import PARENT_DIR, __version__
 from nemo_gym.errors import NeMoGymConfigError
-from nemo_gym import venvs
-from nemo_gym.venvs import (
+from nemo_gym.runtime import venvs
+from nemo_gym.runtime.venvs import (
     READY_MARKER,
     VenvBuildError,
     effective_requirements,

@@ -1,4 +1,4 @@
-"""nemo_gym.worker_pool: hard time limits (a stuck worker is killed and replaced), crashes, errors, concurrency."""
+"""nemo_gym.isolation.worker_pool: hard time limits (a stuck worker is killed and replaced), crashes, errors, concurrency."""
 
 import asyncio
 import os
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from nemo_gym.worker_pool import WorkerCrashed, WorkerError, WorkerPool, WorkerTimeout, function_name
+from nemo_gym.isolation.worker_pool import WorkerCrashed, WorkerError, WorkerPool, WorkerTimeout, function_name
 from tests.unit import worker_functions
 from tests.unit.worker_functions import crash, fail, pid, stuck_in_c_code
 

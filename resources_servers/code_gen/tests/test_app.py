@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from nemo_gym.openai_utils import NeMoGymResponse
-from nemo_gym.sandbox import UID_POOL_BASE, UID_POOL_SIZE
+from nemo_gym.isolation.sandbox import UID_POOL_BASE, UID_POOL_SIZE
 from nemo_gym.server_utils import ServerClient
 from resources_servers.code_gen.app import (
     CodeGenResourcesServer,

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from nemo_gym.openai_utils import NeMoGymResponse
 from nemo_gym.server_utils import ServerClient
-from nemo_gym.worker_pool import WorkerPool
+from nemo_gym.isolation.worker_pool import WorkerPool
 from resources_servers.math_with_judge.app import (
     EQUAL_LABEL,
     NOT_EQUAL_LABEL,

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from nemo_gym.openai_utils import NeMoGymResponse
 from nemo_gym.server_utils import ServerClient
-from nemo_gym.worker_pool import WorkerPool, WorkerTimeout
+from nemo_gym.isolation.worker_pool import WorkerPool, WorkerTimeout
 from resources_servers.reasoning_gym.app import (
     ReasoningGymResourcesServer,
     ReasoningGymResourcesServerConfig,

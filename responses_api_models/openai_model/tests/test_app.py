@@ -7,7 +7,7 @@ import httpx
 import pytest
 from openai import APIStatusError, AsyncOpenAI
 
-from nemo_gym.server_client import ServerClient
+from nemo_gym.http.client import ServerClient
 from nemo_gym.testing.fake_openai_server import build_app
 from nemo_gym.testing.live_server import live_server
 from responses_api_models.openai_model.app import SimpleModelServer, SimpleModelServerConfig

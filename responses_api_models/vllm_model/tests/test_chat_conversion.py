@@ -1,4 +1,4 @@
-"""Golden tests of nemo_gym.chat_conversion: plain dict in, exact dict out, both directions."""
+"""Golden tests of nemo_gym.api.chat_conversion: plain dict in, exact dict out, both directions."""
 
 import copy
 import itertools
@@ -7,7 +7,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response as OpenAIResponse
 
-from nemo_gym.chat_conversion import (
+from nemo_gym.api.chat_conversion import (
     ChatConversionError,
     build_response,
     chat_completion_to_response,

@@ -25,9 +25,9 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from nemo_gym import PARENT_DIR
-from nemo_gym.config_types import ServerInstanceSpec
+from nemo_gym.config.types import ServerInstanceSpec
 from nemo_gym.errors import NeMoGymConfigError
-from nemo_gym.venvs import VenvBuildError
+from nemo_gym.runtime.venvs import VenvBuildError
 
 TAIL_LINES = 40
 HEALTH_POLL_INTERVAL_S = 0.05
@@ -147,7 +147,7 @@ class RunHelper:
 
     # ------------------------------------------------------------------------------------------------ start
     def prepare(self) -> None:
-        from nemo_gym.global_config import find_server_instances, resolve_server_config
+        from nemo_gym.config.global_config import find_server_instances, resolve_server_config
 
         specs = find_server_instances(self.cfg)
         default_host = str(self.cfg.get("default_host", "127.0.0.1"))
@@ -167,7 +167,7 @@ class RunHelper:
     def _reserve_explicit_ports(self) -> None:
         """Ports written in the config were not reserved while parsing; hold them now so a busy one fails early
         and clearly, before anything starts."""
-        from nemo_gym.ports import reserve_port, reserved_socket_exists
+        from nemo_gym.config.ports import reserve_port, reserved_socket_exists
 
         for server in self.servers:
             if reserved_socket_exists(server.host, server.port):
@@ -179,7 +179,7 @@ class RunHelper:
 
     def _python_commands(self) -> dict[str, list[str]]:
         """Per server, the interpreter argv. Isolated venvs are built in parallel threads."""
-        from nemo_gym.venvs import server_python_command
+        from nemo_gym.runtime.venvs import server_python_command
 
         results: dict[str, Any] = {}
 
@@ -206,7 +206,7 @@ class RunHelper:
         return results
 
     def _child_env(self, server: ServerProcess, config_yaml: str, fd: Optional[int]) -> dict[str, str]:
-        from nemo_gym.global_config import (
+        from nemo_gym.config.global_config import (
             NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
             NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
             NEMO_GYM_LISTEN_FD_ENV_VAR_NAME,
@@ -229,13 +229,13 @@ class RunHelper:
         return env
 
     def start_ray(self) -> None:
-        from nemo_gym.ray_utils import start_or_join_ray_for_launch
+        from nemo_gym.runtime.ray import start_or_join_ray_for_launch
 
         self.ray_handle = start_or_join_ray_for_launch(self.cfg)
 
     def reserve_head_port(self) -> None:
         """Hold the head server's port before anything starts, so a busy port is a clear error up front."""
-        from nemo_gym.ports import reserve_port, reserved_socket_exists
+        from nemo_gym.config.ports import reserve_port, reserved_socket_exists
 
         head_host = str(self.cfg.head_server.host)
         head_port = int(self.cfg.head_server.port)
@@ -251,9 +251,9 @@ class RunHelper:
             ) from None
 
     def start_head(self) -> None:
-        from nemo_gym.global_config import mask_secrets
-        from nemo_gym.head_server import HeadServer
-        from nemo_gym.ports import take_reserved_socket
+        from nemo_gym.config.global_config import mask_secrets
+        from nemo_gym.runtime.head_server import HeadServer
+        from nemo_gym.config.ports import take_reserved_socket
 
         self.reserve_head_port()
         sock = take_reserved_socket(str(self.cfg.head_server.host), int(self.cfg.head_server.port))
@@ -262,7 +262,7 @@ class RunHelper:
         self.head.start(sock)
 
     def start_servers(self) -> None:
-        from nemo_gym.ports import take_reserved_socket
+        from nemo_gym.config.ports import take_reserved_socket
 
         commands = self._python_commands()
         config_yaml = OmegaConf.to_yaml(self.cfg)
@@ -396,11 +396,11 @@ class RunHelper:
                     server.reader.join(timeout=2)
         if self.head is not None:
             self.head.stop()
-        from nemo_gym.ports import release_all
+        from nemo_gym.config.ports import release_all
 
         release_all()
         if self.ray_handle is not None:
-            from nemo_gym.ray_utils import shutdown_ray
+            from nemo_gym.runtime.ray import shutdown_ray
 
             shutdown_ray(self.ray_handle)
             self.ray_handle = None
@@ -420,7 +420,7 @@ def run_stack(global_config: DictConfig, *, out=None) -> int:
     try:
         helper.prepare()
         if global_config.get("dry_run"):
-            from nemo_gym.venvs import prebuild_all
+            from nemo_gym.runtime.venvs import prebuild_all
 
             prebuild_all(helper.servers, global_config, cwd=helper.cwd, log=helper.say)
             helper.say(f"Dry run: environments for {len(helper.servers)} server(s) are ready; nothing started.")

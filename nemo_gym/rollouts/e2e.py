@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field
 
-from nemo_gym.config_types import BaseNeMoGymCLIConfig, wants_help
+from nemo_gym.config.types import BaseNeMoGymCLIConfig, wants_help
 from nemo_gym.errors import NeMoGymConfigError
 
 COMMAND_NAME = "ng_e2e_collect_rollouts"
@@ -45,10 +45,10 @@ def e2e_collect_rollouts_main(args: list[str]) -> int:
     if wants_help(args):
         sys.stdout.write(E2ERolloutCollectionConfig.help_text(COMMAND_NAME))
         return 0
-    from nemo_gym.global_config import get_head_server_config, parse_global_config
-    from nemo_gym.launcher import RunHelper, ServerCrashed
-    from nemo_gym.rollout_collection import RolloutCollectionConfig, run_from_config
-    from nemo_gym.train_data_utils import TrainDataProcessorConfig, prepare_data
+    from nemo_gym.config.global_config import get_head_server_config, parse_global_config
+    from nemo_gym.runtime.launcher import RunHelper, ServerCrashed
+    from nemo_gym.rollouts.collection import RolloutCollectionConfig, run_from_config
+    from nemo_gym.rollouts.data_prep import TrainDataProcessorConfig, prepare_data
 
     cfg = parse_global_config(
         args, initial_global_config_dict={"policy_base_url": "", "policy_api_key": "", "policy_model_name": ""}

@@ -13,7 +13,7 @@ read a reply, decide whether to go on) use `sandbox.start(argv, files=...)` and 
 What is enforced, and where
 ---------------------------
 The parent (this module, in the calling process) creates the scratch directory, picks the sandbox user, starts
-the launcher (`python -I -S nemo_gym/sandbox.py <config>`, stdlib only, in a new session) and enforces the
+the launcher (`python -I -S nemo_gym/isolation/sandbox.py <config>`, stdlib only, in a new session) and enforces the
 wall-clock limit: on timeout it SIGKILLs the launcher's whole process group. The launcher then, in order:
 
 1. **Namespaces** (needs root; `unshare(2)` through ctypes since `os.unshare` is Python 3.12+): a new network
@@ -485,7 +485,7 @@ class SandboxResult:
 
 
 def _repo_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)
+    return str(Path(__file__).resolve().parents[2])
 
 
 def _interpreter_paths(python: str) -> list[str]:

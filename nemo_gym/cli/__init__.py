@@ -101,14 +101,14 @@ def print_command_help(command: str) -> None:
 
 
 def _global_config(args: list[str], *, allocate_ports: bool = True):
-    from nemo_gym.global_config import parse_global_config
+    from nemo_gym.config.global_config import parse_global_config
 
     return parse_global_config(args, allocate_ports=allocate_ports)
 
 
 def _simple_overrides(args: list[str]) -> dict:
     """Only the CLI overrides, for commands that need no config files."""
-    from nemo_gym.overrides import overrides_to_dict, parse_overrides
+    from nemo_gym.config.overrides import overrides_to_dict, parse_overrides
 
     return overrides_to_dict(parse_overrides(args))
 
@@ -119,7 +119,7 @@ def _run(args: list[str]) -> int:
     if wants_help(args):
         print_command_help("run")
         return 0
-    from nemo_gym.launcher import run_stack
+    from nemo_gym.runtime.launcher import run_stack
 
     cfg = _global_config(args)
     return run_stack(cfg)
@@ -130,7 +130,7 @@ def _status(args: list[str]) -> int:
     if wants_help(args):
         print_command_help("status")
         return 0
-    from nemo_gym.server_status import fetch_status, print_status
+    from nemo_gym.runtime.status import fetch_status, print_status
 
     cfg = _global_config(args, allocate_ports=False)
     try:
@@ -147,7 +147,7 @@ def _dump_config(args: list[str]) -> int:
     if wants_help(args):
         print_command_help("dump_config")
         return 0
-    from nemo_gym.global_config import dump_config_yaml
+    from nemo_gym.config.global_config import dump_config_yaml
 
     cfg = _global_config(args, allocate_ports=False)
     sys.stdout.write(dump_config_yaml(cfg, resolve=True, mask=True))
@@ -224,49 +224,49 @@ def _not_available(command: str) -> Callable[[list[str]], int]:
 
 @cli_errors("prepare_data")
 def _prepare_data(args: list[str]) -> int:
-    from nemo_gym.train_data_utils import prepare_data_main
+    from nemo_gym.rollouts.data_prep import prepare_data_main
 
     return prepare_data_main(args)
 
 
 @cli_errors("collect_rollouts")
 def _collect_rollouts(args: list[str]) -> int:
-    from nemo_gym.rollout_collection import collect_rollouts_main
+    from nemo_gym.rollouts.collection import collect_rollouts_main
 
     return collect_rollouts_main(args)
 
 
 @cli_errors("reward_profile")
 def _reward_profile(args: list[str]) -> int:
-    from nemo_gym.reward_profile import reward_profile_main
+    from nemo_gym.rollouts.reward_profile import reward_profile_main
 
     return reward_profile_main(args)
 
 
 @cli_errors("e2e_collect_rollouts")
 def _e2e_collect_rollouts(args: list[str]) -> int:
-    from nemo_gym.e2e_collection import e2e_collect_rollouts_main
+    from nemo_gym.rollouts.e2e import e2e_collect_rollouts_main
 
     return e2e_collect_rollouts_main(args)
 
 
 @cli_errors("test")
 def _test(args: list[str]) -> int:
-    from nemo_gym.server_tests import ng_test_main
+    from nemo_gym.authoring.server_tests import ng_test_main
 
     return ng_test_main(args)
 
 
 @cli_errors("test_all")
 def _test_all(args: list[str]) -> int:
-    from nemo_gym.server_tests import ng_test_all_main
+    from nemo_gym.authoring.server_tests import ng_test_all_main
 
     return ng_test_all_main(args)
 
 
 @cli_errors("init_resources_server")
 def _init_resources_server(args: list[str]) -> int:
-    from nemo_gym.server_scaffold import init_resources_server_main
+    from nemo_gym.authoring.scaffold import init_resources_server_main
 
     return init_resources_server_main(args)
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from nemo_gym.config.values import truthy
 from nemo_gym import PARENT_DIR, WORKING_DIR, __version__
 from nemo_gym.errors import NeMoGymConfigError
 
@@ -105,11 +106,6 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
         return default
     return default if value is None else value
 
-
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
 
 
 def effective_venv_mode(global_config: Mapping | None, server_config: Mapping | None) -> str:
@@ -261,7 +257,7 @@ def effective_requirements(
         lines = reqs.text.splitlines()
         framework_lines = [ln for ln in lines if is_framework_requirement(ln)]
         if install_framework:
-            out.append("# nemo_gym itself and the pinned head-server deps (added by nemo_gym.venvs)")
+            out.append("# nemo_gym itself and the pinned head-server deps (added by nemo_gym.runtime.venvs)")
             out.append(framework_requirement(_framework_extras(framework_lines)))
             out.extend(head_server_deps)
         for line in lines:
@@ -418,7 +414,7 @@ def _build(
     log: Log,
 ) -> None:
     uv = find_uv()
-    verbose = _truthy(_get(global_config, "pip_install_verbose", False))
+    verbose = truthy(_get(global_config, "pip_install_verbose", False))
     cache_dir = _uv_cache_dir(global_config)
     cache_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -433,7 +429,7 @@ def _build(
     install = [uv, "pip", "install", "--python", str(python)]
     if verbose:
         install.append("-v")
-    if _truthy(os.environ.get("NEMO_GYM_ALLOW_PRERELEASE", "")):
+    if truthy(os.environ.get("NEMO_GYM_ALLOW_PRERELEASE", "")):
         install += ["--prerelease", "allow"]
     install += ["-r", "-"]
     try:
@@ -474,9 +470,9 @@ def ensure_server_venv(
 
     started = time.monotonic()
     reqs = read_server_requirements(server_dir)
-    install_framework = _truthy(_get(global_config, "venv_install_framework", True))
+    install_framework = truthy(_get(global_config, "venv_install_framework", True))
     if server_config is not None and _get(server_config, "venv_install_framework") is not None:
-        install_framework = _truthy(_get(server_config, "venv_install_framework"))
+        install_framework = truthy(_get(server_config, "venv_install_framework"))
     head_deps = _head_server_deps(global_config) if install_framework else []
     python_version = _python_version(global_config)
     digest = venv_hash(
@@ -490,7 +486,7 @@ def ensure_server_venv(
         log(f"reusing venv {path}{note}")
         return VenvResult(server, mode, str(_venv_python(path)), path, "reused", time.monotonic() - started)
 
-    if _truthy(_get(global_config, "skip_venv_if_present", False)):
+    if truthy(_get(global_config, "skip_venv_if_present", False)):
         if is_ready(venv_dir):
             return reused(venv_dir)
         other = _latest_ready_venv(root, prefix)
@@ -556,7 +552,7 @@ def _spec_server_dir(spec: Any, cwd: Path) -> tuple[Any, Path]:
         return spec.spec, Path(spec.server_dir)
     if hasattr(spec, "server_dir"):
         return spec, Path(spec.server_dir)
-    from nemo_gym.launcher import resolve_server_dir  # lazy: the launcher imports us
+    from nemo_gym.runtime.launcher import resolve_server_dir  # lazy: the launcher imports us
 
     return spec, resolve_server_dir(spec, cwd)
 

@@ -22,6 +22,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
+from nemo_gym.config.values import truthy
 
 RAY_ADDRESS_KEY = "ray_head_node_address"
 RAY_FLAG_KEY = "ray"
@@ -60,11 +61,6 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
-
 
 def _is_mapping(value: Any) -> bool:
     if isinstance(value, Mapping):
@@ -100,19 +96,19 @@ def _server_impl_configs(global_config: Any):
 
 
 def server_config_wants_ray(server_config: Any) -> bool:
-    return _truthy(_get(server_config, RAY_FLAG_KEY, False))
+    return truthy(_get(server_config, RAY_FLAG_KEY, False))
 
 
 def server_wants_ray(global_config: Any) -> bool:
     """True when the global config has `ray: true` or any server block's implementation config does."""
-    if _truthy(_get(global_config, RAY_FLAG_KEY, False)):
+    if truthy(_get(global_config, RAY_FLAG_KEY, False)):
         return True
     return any(server_config_wants_ray(cfg) for _, cfg in _server_impl_configs(global_config))
 
 
 def _this_server_wants_ray(global_config: Any) -> bool:
     """Child side: the global flag, or the block named by NEMO_GYM_CONFIG_PATH."""
-    if _truthy(_get(global_config, RAY_FLAG_KEY, False)):
+    if truthy(_get(global_config, RAY_FLAG_KEY, False)):
         return True
     server_id = os.environ.get("NEMO_GYM_CONFIG_PATH")
     if not server_id:
@@ -272,7 +268,7 @@ def _load_global_config(global_config_dict: Any) -> Any:
     if global_config_dict is not None:
         return global_config_dict
     try:
-        from nemo_gym.global_config import get_global_config_dict
+        from nemo_gym.config.global_config import get_global_config_dict
     except ImportError:
         get_global_config_dict = None
     if get_global_config_dict is not None:

@@ -54,6 +54,8 @@ from typing import Any, AsyncIterator, Mapping, Optional, Union
 import httpx
 import orjson
 
+from nemo_gym.errors import did_you_mean
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -653,7 +655,7 @@ class ServerClient:
 
     `head_server_config`: anything with `host`/`port` (attributes or keys) - the head server (used by
     `load_from_global_config` and kept for reference compatibility). `global_config_dict`: the global config
-    (dict or DictConfig); `None` means this process's config (`nemo_gym.global_config.get_global_config_dict()`),
+    (dict or DictConfig); `None` means this process's config (`nemo_gym.config.global_config.get_global_config_dict()`),
     loaded on first use.
     """
 
@@ -687,7 +689,7 @@ class ServerClient:
     @property
     def global_config_dict(self) -> Any:
         if self._global_config_dict is None:
-            from nemo_gym.global_config import get_global_config_dict
+            from nemo_gym.config.global_config import get_global_config_dict
 
             self._global_config_dict = get_global_config_dict()
         return self._global_config_dict
@@ -725,17 +727,14 @@ class ServerClient:
             block = None
         if block is None or not _is_mapping(block):
             known = _known_server_ids(cfg)
-            import difflib
-
-            hint = difflib.get_close_matches(str(server_name), known, n=1)
-            did_you_mean = f" Did you mean `{hint[0]}`?" if hint else ""
             raise ValueError(
-                f"Unknown server `{server_name}`: no such server id in the global config.{did_you_mean} "
+                f"Unknown server `{server_name}`: no such server id in the global config."
+                f"{did_you_mean(str(server_name), known)} "
                 f"Known server ids: {', '.join(sorted(known)) or '(none)'}."
             )
         impl_cfg = None
         try:
-            from nemo_gym.global_config import get_first_server_config_dict
+            from nemo_gym.config.global_config import get_first_server_config_dict
 
             impl_cfg = get_first_server_config_dict(cfg, server_name)
         except Exception:
@@ -771,7 +770,7 @@ class ServerClient:
         """
         if head_server_config is None:
             try:
-                from nemo_gym.global_config import get_global_config_dict
+                from nemo_gym.config.global_config import get_global_config_dict
 
                 head_server_config = get_global_config_dict().get("head_server")
             except Exception:

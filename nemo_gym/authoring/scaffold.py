@@ -1,6 +1,6 @@
 """`ng_init_resources_server` (`ng init`): scaffold a new resources server that works as soon as it is written.
 
-The templates live in `nemo_gym/resources/resources_server_template/` (package data, so this works from a wheel
+The templates live in `nemo_gym/authoring/templates/resources_server_template/` (package data, so this works from a wheel
 too). Placeholders are `@@name@@` (the folder name), `@@Title@@` (that name in TitleCase, the prefix of every
 class name) and `@@requirement@@` (the line of requirements.txt that installs nemo_gym). The scaffold is a small
 but real task, so its tests pass and a rollout scores: one tool (`get_word_length`), a verify request with a
@@ -37,11 +37,11 @@ from typing import Optional
 from pydantic import Field
 
 from nemo_gym import PARENT_DIR
-from nemo_gym.config_types import BaseNeMoGymCLIConfig, wants_help
+from nemo_gym.config.types import BaseNeMoGymCLIConfig, wants_help
 from nemo_gym.errors import NeMoGymConfigError
 
 COMMAND_NAME = "ng_init_resources_server"
-TEMPLATE_DIR = Path(__file__).resolve().parent / "resources" / "resources_server_template"
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates" / "resources_server_template"
 RESOURCES_SERVERS_DIRNAME = "resources_servers"
 MODEL_CONFIG = "responses_api_models/openai_model/configs/openai_model.yaml"
 
@@ -183,8 +183,8 @@ def write_example_metrics(example_path: Path, jsonl_fpath: str) -> Path:
     would for the config's `example` dataset (so the scaffold passes `ng_test +should_validate_data=true`)."""
     import json
 
-    from nemo_gym.config_types import DatasetConfig
-    from nemo_gym.train_data_utils import DatasetMetricsAccumulator, metrics_document
+    from nemo_gym.config.types import DatasetConfig
+    from nemo_gym.rollouts.data_prep import DatasetMetricsAccumulator, metrics_document
 
     dataset = DatasetConfig(name="example", type="example", jsonl_fpath=jsonl_fpath, license="Apache 2.0")
     accumulator = DatasetMetricsAccumulator()
@@ -236,7 +236,7 @@ def init_resources_server_main(args: list[str], *, cwd: Optional[Path] = None) -
     if wants_help(args):
         sys.stdout.write(InitResourcesServerConfig.help_text(COMMAND_NAME))
         return 0
-    from nemo_gym.overrides import overrides_to_dict, parse_overrides
+    from nemo_gym.config.overrides import overrides_to_dict, parse_overrides
 
     cwd = Path(cwd) if cwd is not None else Path.cwd()
     try:

@@ -1,7 +1,7 @@
 """`ng_test` and `ng_test_all`: run servers' own tests in their environment, and check resources servers' examples.
 
 `ng_test +entrypoint=<type>/<name>` runs `python -m pytest` in the server folder with the server's interpreter:
-the current one by default, the server's isolated uv venv (`nemo_gym.venvs`) when `venv_mode: isolated` is set
+the current one by default, the server's isolated uv venv (`nemo_gym.runtime.venvs`) when `venv_mode: isolated` is set
 globally or in the server's block of its `configs/*.yaml` (the block wins). The exit code is pytest's. With
 `+should_validate_data=true`, a resources server's example data is checked too (`validate_example_data`).
 
@@ -15,11 +15,11 @@ Decisions:
   every problem. Exit code of `ng_test`: pytest's when it is not 0, else 1 when the data check failed, else 0.
 - In an isolated venv without pytest (the server's requirements did not ask for it), pytest is installed into the
   venv with uv at the version this interpreter has; if that fails the message says to add it to requirements.txt.
-- The data check of a server with an isolated venv runs in that venv (`python -m nemo_gym.server_tests
+- The data check of a server with an isolated venv runs in that venv (`python -m nemo_gym.authoring.server_tests
   --check-rows <dir>`), since the server's app may import libraries only that venv has.
 - Data check rules (resources servers only): `data/example.jsonl` holds exactly 5 rows (non-blank lines); every
   row fits the verify request model of the server's `verify` (validated together with a placeholder `response`,
-  as `ng_prepare_data` does: `nemo_gym.train_data_utils`); a server whose verify model cannot be loaded fails;
+  as `ng_prepare_data` does: `nemo_gym.rollouts.data_prep`); a server whose verify model cannot be loaded fails;
   `data/example_metrics.json` exists with `"Number of examples": 5`; no `data/*conflict*` files.
   `data/example_rollouts.jsonl` is optional (the reference required it): checked when present (5 lines, each a
   JSON object with a numeric `reward`), a note when absent.
@@ -33,7 +33,6 @@ Decisions:
 from __future__ import annotations
 
 import collections
-import difflib
 import json
 import os
 import shlex
@@ -50,8 +49,8 @@ import yaml
 from pydantic import Field, field_validator
 
 from nemo_gym import PARENT_DIR
-from nemo_gym.config_types import SERVER_TYPES, BaseNeMoGymCLIConfig, wants_help
-from nemo_gym.errors import NeMoGymConfigError
+from nemo_gym.config.types import SERVER_TYPES, BaseNeMoGymCLIConfig, wants_help
+from nemo_gym.errors import NeMoGymConfigError, closest_match
 
 TEST_COMMAND = "ng_test"
 TEST_ALL_COMMAND = "ng_test_all"
@@ -226,7 +225,7 @@ def _has_pytest(python: str) -> bool:
 def _install_pytest(python: str, global_config: Mapping, label: str, log: Log) -> None:
     from importlib import metadata
 
-    from nemo_gym.venvs import find_uv
+    from nemo_gym.runtime.venvs import find_uv
 
     try:
         spec = f"pytest=={metadata.version('pytest')}"
@@ -253,7 +252,7 @@ def server_test_python(
     server_dir: Path, global_config: Mapping, block: Mapping, *, log: Log = print
 ) -> tuple[str, str]:
     """(python executable, venv mode) to run the server's tests with; builds or reuses its isolated venv."""
-    from nemo_gym.venvs import VenvBuildError, ensure_server_venv
+    from nemo_gym.runtime.venvs import VenvBuildError, ensure_server_venv
 
     label = server_label(server_dir)
     try:
@@ -385,7 +384,7 @@ def check_example_rows(server_dir: Path) -> dict:
     Returns `{"rows": n, "model": description, "model_problem": str | None, "row_problems": [[line, reason]]}`."""
     from omegaconf import OmegaConf
 
-    from nemo_gym.train_data_utils import _check_row, load_verify_request_model
+    from nemo_gym.rollouts.data_prep import _check_row, load_verify_request_model
 
     server_dir = Path(server_dir)
     rows = _rows(server_dir / EXAMPLE_JSONL)
@@ -407,7 +406,7 @@ def check_example_rows(server_dir: Path) -> dict:
 def _check_rows_in(python: str, server_dir: Path) -> dict:
     """`check_example_rows` in another interpreter (the server's isolated venv)."""
     proc = subprocess.run(
-        [python, "-m", "nemo_gym.server_tests", "--check-rows", str(server_dir)],
+        [python, "-m", "nemo_gym.authoring.server_tests", "--check-rows", str(server_dir)],
         capture_output=True,
         text=True,
         cwd=str(server_dir),
@@ -665,8 +664,8 @@ def report_server_result(result: ServerTestResult, *, validate_data: bool, out: 
 
 
 def _global_config(args: list[str], cwd: Path):
-    from nemo_gym.global_config import parse_global_config
-    from nemo_gym.train_data_utils import POLICY_PLACEHOLDERS
+    from nemo_gym.config.global_config import parse_global_config
+    from nemo_gym.rollouts.data_prep import POLICY_PLACEHOLDERS
 
     return parse_global_config(
         args, initial_global_config_dict=dict(POLICY_PLACEHOLDERS), cwd=cwd, allocate_ports=False
@@ -732,8 +731,8 @@ def _select(servers: list[Path], config: TestAllConfig) -> list[Path]:
         if unknown:
             parts = []
             for name in unknown:
-                close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
-                parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+                close = closest_match(name, sorted(known))
+                parts.append(f"{name!r}" + (f" (did you mean {close!r}?)" if close else ""))
             raise NeMoGymConfigError(
                 f"+{option} names servers that do not exist (or have no README.md): {', '.join(parts)}. "
                 f"Known: {', '.join(sorted(s.name for s in servers))}."
@@ -881,9 +880,9 @@ def _print_failure(result: ServerTestResult, *, show_tail: bool) -> None:
 
 
 def _check_rows_cli(argv: list[str]) -> int:
-    """`python -m nemo_gym.server_tests --check-rows <server_dir>`: one JSON line (used inside isolated venvs)."""
+    """`python -m nemo_gym.authoring.server_tests --check-rows <server_dir>`: one JSON line (used inside isolated venvs)."""
     if len(argv) != 2 or argv[0] != "--check-rows":
-        sys.stderr.write("usage: python -m nemo_gym.server_tests --check-rows <server_dir>\n")
+        sys.stderr.write("usage: python -m nemo_gym.authoring.server_tests --check-rows <server_dir>\n")
         return 2
     result = check_example_rows(Path(argv[1]))
     sys.stdout.write("\n" + json.dumps(result) + "\n")

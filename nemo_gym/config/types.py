@@ -1,0 +1,529 @@
+"""Pydantic models for the config: server references, server blocks, datasets and CLI parameters.
+
+The names match NeMo Gym v0.2 (`nemo_gym.config.types`) so environment code written for it imports
+unchanged. Everything that turns a pydantic error into a user-facing message also lives here, so
+every command reports config mistakes the same way (a `NeMoGymConfigError` naming the key and the fix).
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Literal, Mapping, Optional, Union
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from nemo_gym.errors import NeMoGymConfigError, closest_match
+from nemo_gym.config.values import truthy
+
+__all__ = [
+    "SERVER_TYPES",
+    "MODEL_SERVER_TYPE",
+    "RESOURCES_SERVER_TYPE",
+    "AGENT_SERVER_TYPE",
+    "ModelServerRef",
+    "ResourcesServerRef",
+    "AgentServerRef",
+    "is_server_ref",
+    "Domain",
+    "GitlabIdentifier",
+    "HuggingFaceIdentifier",
+    "DatasetConfig",
+    "BaseServerConfig",
+    "BaseRunServerConfig",
+    "BaseRunServerInstanceConfig",
+    "ServerImplConfig",
+    "ResourcesServerImplConfig",
+    "ResponsesAPIModelServerInstanceConfig",
+    "ResourcesServerInstanceConfig",
+    "ResponsesAPIAgentServerInstanceConfig",
+    "SERVER_INSTANCE_CONFIG_BY_TYPE",
+    "ServerInstanceSpec",
+    "format_validation_errors",
+    "validate_server_config",
+    "wants_help",
+    "BaseNeMoGymCLIConfig",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# Server types and references
+# --------------------------------------------------------------------------------------------------
+
+SERVER_TYPES: tuple[str, ...] = ("responses_api_models", "resources_servers", "responses_api_agents")
+ServerTypeName = Literal["responses_api_models", "resources_servers", "responses_api_agents"]
+
+MODEL_SERVER_TYPE = "responses_api_models"
+RESOURCES_SERVER_TYPE = "resources_servers"
+AGENT_SERVER_TYPE = "responses_api_agents"
+
+
+class ModelServerRef(BaseModel):
+    """Points at a model server block by its server id (`{type: responses_api_models, name: ...}`)."""
+
+    type: Literal["responses_api_models"]
+    name: str
+
+
+class ResourcesServerRef(BaseModel):
+    """Points at a resources server block by its server id."""
+
+    type: Literal["resources_servers"]
+    name: str
+
+
+class AgentServerRef(BaseModel):
+    """Points at an agent server block by its server id."""
+
+    type: Literal["responses_api_agents"]
+    name: str
+
+
+ServerRef = Union[ModelServerRef, ResourcesServerRef, AgentServerRef]
+
+
+def is_server_ref(value: Any) -> bool:
+    """True for a mapping that looks like a server reference: `type` is a server type and the only
+    other key is `name`. Why so strict: agent blocks hold other dicts with a `type` key (datasets)."""
+    if not isinstance(value, (Mapping, DictConfig)):
+        return False
+    keys = set(value.keys())
+    return "type" in keys and keys <= {"type", "name"} and value.get("type") in SERVER_TYPES
+
+
+# --------------------------------------------------------------------------------------------------
+# Domains and datasets
+# --------------------------------------------------------------------------------------------------
+
+
+class Domain(str, Enum):
+    """What a resources server trains; required on every resources server block."""
+
+    MATH = "math"
+    CODING = "coding"
+    AGENT = "agent"
+    KNOWLEDGE = "knowledge"
+    INSTRUCTION_FOLLOWING = "instruction_following"
+    LONG_CONTEXT = "long_context"
+    SAFETY = "safety"
+    GAMES = "games"
+    TRANSLATION = "translation"
+    E2E = "e2e"
+    RLHF = "rlhf"
+    OTHER = "other"
+
+
+DatasetLicense = Literal[
+    "Apache 2.0",
+    "MIT",
+    "Creative Commons Attribution 4.0 International",
+    "Creative Commons Attribution-ShareAlike 4.0 International",
+    "NVIDIA Internal Use Only, Do Not Distribute",
+    "TBD",
+    "GNU General Public License v3.0",
+]
+
+DatasetType = Literal["train", "validation", "example"]
+
+
+class GitlabIdentifier(BaseModel):
+    """A dataset stored in the GitLab/MLflow model registry."""
+
+    dataset_name: str
+    version: str
+    artifact_fpath: str
+
+
+class HuggingFaceIdentifier(BaseModel):
+    """A dataset on the Hugging Face hub. Without `artifact_fpath` the split named by the dataset's
+    `type` is loaded with `datasets.load_dataset`."""
+
+    repo_id: str
+    artifact_fpath: Optional[str] = None
+
+
+class DatasetConfig(BaseModel):
+    """One `datasets` entry on an agent block."""
+
+    name: str
+    type: DatasetType
+    jsonl_fpath: str
+    num_repeats: int = Field(default=1, ge=1)
+    gitlab_identifier: Optional[GitlabIdentifier] = None
+    huggingface_identifier: Optional[HuggingFaceIdentifier] = None
+    license: Optional[DatasetLicense] = None
+
+    @model_validator(mode="after")
+    def _license_required_for_training_data(self) -> "DatasetConfig":
+        # Train/validation data gets redistributed with trained models, so its license must be known.
+        if self.type in ("train", "validation") and self.license is None:
+            raise ValueError(f"A license is required for {self.name}")
+        return self
+
+
+# --------------------------------------------------------------------------------------------------
+# Server configs (what a server class validates its own block into)
+# --------------------------------------------------------------------------------------------------
+
+
+class BaseServerConfig(BaseModel):
+    """Where a server listens."""
+
+    host: str
+    port: int
+
+
+class BaseRunServerConfig(BaseServerConfig):
+    """The implementation-level fields every server block may carry. Extra keys are kept: the
+    server's own config class (a subclass) validates them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    entrypoint: str
+    num_workers: Optional[int] = None
+    domain: Optional[Domain] = None
+    datasets: Optional[list[DatasetConfig]] = None
+    # Our extensions (DESIGN 2.3/2.4): per-server venv isolation and "this server needs Ray".
+    venv_mode: Optional[Literal["shared", "isolated"]] = None
+    ray: bool = False
+
+
+class BaseRunServerInstanceConfig(BaseRunServerConfig):
+    """A server's resolved config plus `name`, the server id (its top-level block key)."""
+
+    name: str
+
+
+# --------------------------------------------------------------------------------------------------
+# Block-shape models: {server_type: {impl: {entrypoint, ...}}}
+# --------------------------------------------------------------------------------------------------
+
+
+class ServerImplConfig(BaseModel):
+    """The implementation-level dict as it appears in YAML: host and port may still be missing
+    (filled from `default_host` and the port allocator), everything else as in `BaseRunServerConfig`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    entrypoint: str
+    host: Optional[str] = None
+    port: Optional[int] = None
+    num_workers: Optional[int] = None
+    domain: Optional[Domain] = None
+    datasets: Optional[list[DatasetConfig]] = None
+    venv_mode: Optional[Literal["shared", "isolated"]] = None
+    ray: bool = False
+
+
+class ResourcesServerImplConfig(ServerImplConfig):
+    @model_validator(mode="after")
+    def _domain_required(self) -> "ResourcesServerImplConfig":
+        if self.domain is None:
+            raise ValueError("A domain is required for resources servers.")
+        return self
+
+
+class ResponsesAPIModelServerInstanceConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    responses_api_models: dict[str, ServerImplConfig] = Field(min_length=1, max_length=1)
+
+
+class ResourcesServerInstanceConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    resources_servers: dict[str, ResourcesServerImplConfig] = Field(min_length=1, max_length=1)
+
+
+class ResponsesAPIAgentServerInstanceConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    responses_api_agents: dict[str, ServerImplConfig] = Field(min_length=1, max_length=1)
+
+
+ServerInstanceConfig = Union[
+    ResponsesAPIModelServerInstanceConfig,
+    ResourcesServerInstanceConfig,
+    ResponsesAPIAgentServerInstanceConfig,
+]
+
+SERVER_INSTANCE_CONFIG_BY_TYPE: dict[str, type[BaseModel]] = {
+    "responses_api_models": ResponsesAPIModelServerInstanceConfig,
+    "resources_servers": ResourcesServerInstanceConfig,
+    "responses_api_agents": ResponsesAPIAgentServerInstanceConfig,
+}
+
+
+@dataclass
+class ServerInstanceSpec:
+    """One top-level server block: `<server_id>: {<server_type>: {<impl>: config}}`.
+
+    `config` is the implementation-level DictConfig, interpolations unresolved (it keeps its parent,
+    so absolute `${...}` references still resolve against the whole global config)."""
+
+    server_id: str
+    server_type: str
+    impl: str
+    config: DictConfig
+
+    @property
+    def dir_relpath(self) -> str:
+        """The implementation directory relative to the repo root, e.g. `resources_servers/mcqa`."""
+        return f"{self.server_type}/{self.impl}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Turning pydantic errors into messages people can act on
+# --------------------------------------------------------------------------------------------------
+
+
+def _loc_str(loc: tuple) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def format_validation_errors(err: ValidationError | list[dict], *, key_prefix: str = "") -> list[str]:
+    """One line per pydantic error: `<dotted key>: <message> (got <value>)`.
+
+    Literal errors at the same location are merged into one "Must be one of: ..." line, which is
+    what a user needs when they mistyped a domain or license."""
+    errors = err.errors() if isinstance(err, ValidationError) else err
+    lines: list[str] = []
+    seen_literal_locs: set[tuple] = set()
+    for e in errors:
+        loc = tuple(e.get("loc", ()))
+        key = ".".join(p for p in (key_prefix, _loc_str(loc)) if p)
+        etype = e.get("type", "")
+        if etype in ("literal_error", "enum"):
+            if loc in seen_literal_locs:
+                continue
+            seen_literal_locs.add(loc)
+            expected = (e.get("ctx") or {}).get("expected", "")
+            msg = f"Must be one of: {expected}" if expected else e.get("msg", "")
+        elif etype == "missing":
+            msg = "Field required"
+        else:
+            msg = e.get("msg", "")
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, ") :]
+            elif msg.startswith("Assertion failed, "):
+                msg = msg[len("Assertion failed, ") :]
+        line = f"{key}: {msg}" if key else msg
+        if etype not in ("missing",) and "input" in e and not isinstance(e["input"], (dict, list)):
+            line += f" (got {e['input']!r})"
+        lines.append(line)
+    return lines
+
+
+def validate_server_config(
+    config_cls: type[BaseModel], data: Mapping[str, Any], *, server_id: str, key_path: str | None = None
+) -> BaseModel:
+    """Validate a server's resolved block into its config class, naming the server and field on error.
+
+    `key_path` is the dotted path of the implementation dict (`my_server.resources_servers.my_impl`);
+    it turns a missing field into the exact `+...=` override that fixes it."""
+    try:
+        return config_cls.model_validate(dict(data))
+    except ValidationError as err:
+        prefix = key_path or server_id
+        problems = []
+        for e in err.errors():
+            loc = _loc_str(tuple(e.get("loc", ())))
+            if e.get("type") == "missing":
+                problems.append(
+                    f"missing required field `{loc}`: add it to the block or pass `+{prefix}.{loc}=...`"
+                )
+        problems.extend(
+            line for line in format_validation_errors(err) if not line.endswith(": Field required")
+        )
+        body = "\n".join(f"  - {p}" for p in problems)
+        raise NeMoGymConfigError(
+            f"Server `{server_id}` has an invalid config ({config_cls.__name__}):\n{body}"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI command parameters
+# --------------------------------------------------------------------------------------------------
+
+_HELP_KEYS = ("h", "help")
+
+
+
+def wants_help(cfg_or_overrides: Any) -> bool:
+    """True when the user asked for a command's help with `+h=true` / `+help=true`.
+
+    Accepts the global config (DictConfig or dict) or the raw list of CLI overrides, so a command
+    can answer `+h=true` before parsing a config that might not even load."""
+    if cfg_or_overrides is None:
+        return False
+    if isinstance(cfg_or_overrides, (DictConfig, Mapping)):
+        for key in _HELP_KEYS:
+            try:
+                value = cfg_or_overrides.get(key)
+            except Exception:  # an unresolvable interpolation is not a request for help
+                value = None
+            if value is not None and truthy(value):
+                return True
+        return False
+    if isinstance(cfg_or_overrides, str):
+        cfg_or_overrides = [cfg_or_overrides]
+    for item in cfg_or_overrides:
+        text = str(item).strip().lstrip("+")
+        if text in ("-h", "--help"):
+            return True
+        if "=" not in text:
+            continue
+        key, value = text.split("=", 1)
+        if key.strip() in _HELP_KEYS and truthy(value.strip().strip("'\"")):
+            return True
+    return False
+
+
+def _type_name(annotation: Any) -> str:
+    """A short readable type for the help table: `str`, `Optional[int]`, `Literal['a', 'b']`."""
+    if annotation is None or annotation is type(None):
+        return "None"
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (Union, types.UnionType):
+        non_none = [a for a in args if a is not type(None)]
+        inner = " | ".join(_type_name(a) for a in non_none)
+        return f"Optional[{inner}]" if len(non_none) < len(args) else inner
+    if origin is Literal:
+        return "Literal[" + ", ".join(repr(a) for a in args) + "]"
+    if origin is not None:
+        name = getattr(origin, "__name__", str(origin))
+        if args:
+            return f"{name}[{', '.join(_type_name(a) for a in args)}]"
+        return name
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width) or [""]
+
+
+class BaseNeMoGymCLIConfig(BaseModel):
+    """Base for each command's parameters. Parameters are top-level keys of the global config,
+    passed on the CLI as `+name=value`. Subclasses document themselves with their docstring and
+    `Field(description=...)`; `+h=true` prints both."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    @classmethod
+    def _field_keys(cls) -> dict[str, str]:
+        """Map every accepted config key (field name and alias) to the field name."""
+        keys: dict[str, str] = {}
+        for name, field in cls.model_fields.items():
+            keys[name] = name
+            if field.alias:
+                keys[field.alias] = name
+            if isinstance(field.validation_alias, str):
+                keys[field.validation_alias] = name
+        return keys
+
+    @classmethod
+    def help_text(cls, command_name: str) -> str:
+        """The command's description followed by a table of its parameters."""
+        import inspect
+
+        doc = inspect.cleandoc(cls.__doc__ or "") if cls.__doc__ else ""
+        if cls.__doc__ == BaseNeMoGymCLIConfig.__doc__ and cls is not BaseNeMoGymCLIConfig:
+            doc = ""
+        lines = [f"Usage: {command_name} [+name=value ...]", ""]
+        if doc:
+            lines += [doc, ""]
+        rows = []
+        for name, field in cls.model_fields.items():
+            shown = field.alias or name
+            if field.is_required():
+                default = "[required]"
+            elif field.default_factory is not None:
+                try:
+                    default = f"[default: {field.default_factory()!r}]"
+                except Exception:
+                    default = "[default: <factory>]"
+            else:
+                value = field.default
+                if isinstance(value, Enum):
+                    value = value.value
+                default = "null" if value is None else repr(value) if isinstance(value, str) else str(value)
+                if isinstance(value, bool):
+                    default = str(value).lower()
+            rows.append((shown, _type_name(field.annotation), default, field.description or ""))
+        if not rows:
+            lines.append("This command has no parameters of its own (it reads the global config).")
+        else:
+            name_w = max(len("Parameter"), *(len(r[0]) + 1 for r in rows))
+            type_w = max(len("Type"), *(len(r[1]) for r in rows))
+            default_w = max(len("Default"), *(len(r[2]) for r in rows))
+            header = f"{'Parameter':<{name_w}}  {'Type':<{type_w}}  {'Default':<{default_w}}  Description"
+            lines += ["Parameters (pass as +name=value):", header, "-" * len(header)]
+            desc_col = name_w + type_w + default_w + 6
+            for shown, type_name, default, desc in rows:
+                desc_lines = _wrap(desc, max(30, 100 - desc_col))
+                lines.append(
+                    f"{'+' + shown:<{name_w}}  {type_name:<{type_w}}  {default:<{default_w}}  {desc_lines[0]}"
+                )
+                lines.extend(" " * desc_col + extra for extra in desc_lines[1:])
+        lines += ["", "Global options: +config_paths=[a.yaml,b.yaml] and any key of the global config."]
+        return "\n".join(lines).rstrip() + "\n"
+
+    @classmethod
+    def from_global_config(cls, cfg: Any = None):
+        """Validate this command's parameters from the global config (other keys are ignored).
+
+        Missing or invalid parameters raise `NeMoGymConfigError` with the `+key=...` to pass and,
+        when the user passed a near-miss key, a "did you mean"."""
+        if cfg is None:
+            from nemo_gym.config.global_config import get_global_config_dict
+
+            cfg = get_global_config_dict()
+        keys = cls._field_keys()
+        data: dict[str, Any] = {}
+        for key in keys:
+            if key not in cfg:
+                continue
+            try:
+                value = cfg[key]
+                if isinstance(value, (DictConfig, ListConfig)):
+                    value = OmegaConf.to_container(value, resolve=True)
+            except Exception as exc:  # resolution errors name the key
+                raise NeMoGymConfigError(f"Cannot read parameter `{key}`: {exc}") from None
+            data[key] = value
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise NeMoGymConfigError(cls._explain(err, list(cfg.keys()))) from None
+
+    @classmethod
+    def _explain(cls, err: ValidationError, passed_keys: list) -> str:
+        field_keys = cls._field_keys()
+        unknown = [str(k) for k in passed_keys if str(k) not in field_keys]
+        problems: list[str] = []
+        for e in err.errors():
+            loc = tuple(e.get("loc", ()))
+            top = str(loc[0]) if loc else ""
+            field = cls.model_fields.get(field_keys.get(top, top))
+            shown = (field.alias if field and field.alias else top) if top else ""
+            if e.get("type") == "missing" and len(loc) == 1:
+                msg = f"missing required parameter `+{shown}=...`"
+                close = closest_match(shown, unknown, cutoff=0.7)
+                if close:
+                    msg += f" (you passed `+{close}`: did you mean `+{shown}`?)"
+                if field is not None and field.description:
+                    msg += f": {field.description}"
+            else:
+                detail = format_validation_errors([e])
+                key, _, reason = (detail[0] if detail else f"{shown}: invalid").partition(": ")
+                msg = f"invalid parameter `+{key}`: {reason}"
+            problems.append(msg)
+        body = "\n".join(f"  - {p}" for p in problems)
+        return f"{cls.__name__}: {len(problems)} problem(s) with the command parameters:\n{body}\nPass +h=true for help."

@@ -1,0 +1,225 @@
+"""`NeMoGymAsyncOpenAI`: a small async client for OpenAI-compatible backends (OpenAI, vLLM, SGLang, ...).
+
+Model servers use it to call their upstream. It returns parsed JSON dicts, shares the process-wide transport of
+`nemo_gym.http.client`, and retries with bounded, jittered backoff.
+"""
+
+import asyncio
+import logging
+import random
+from typing import Any, Mapping, Optional, Union
+
+import httpx
+import orjson
+from pydantic import BaseModel
+
+LOG = logging.getLogger(__name__)
+
+__all__ = ["RETRY_STATUSES", "NeMoGymOpenAIError", "NeMoGymAsyncOpenAI"]
+
+
+# 429 and 5xx statuses that usually mean "try again": rate limits, overload, gateway trouble, Cloudflare 520.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504, 520})
+_ERROR_BODY_PREVIEW = 2000
+
+
+class NeMoGymOpenAIError(httpx.HTTPStatusError):
+    """An OpenAI-compatible backend answered with an error status (after retries, when the status is retryable).
+
+    ``status`` / ``status_code`` is the HTTP status, ``body`` the response text, ``response_content`` the raw
+    bytes, ``attempts`` how many requests were made.
+    """
+
+    def __init__(self, *, request: httpx.Request, response: httpx.Response, attempts: int):
+        self.status = self.status_code = response.status_code
+        self.response_content = response.content
+        self.body = response.text
+        self.method = request.method
+        self.url = str(request.url)
+        self.attempts = attempts
+        preview = self.body if len(self.body) <= _ERROR_BODY_PREVIEW else self.body[:_ERROR_BODY_PREVIEW] + "..."
+        tries = f" after {attempts} attempts" if attempts > 1 else ""
+        message = f"{self.method} {self.url} failed with HTTP {self.status}{tries}: {preview}"
+        super().__init__(message, request=request, response=response)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json", exclude_none=True)
+    if isinstance(obj, (set, frozenset)):
+        return list(obj)
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+def _dumps(body: Any) -> bytes:
+    return orjson.dumps(body, default=_json_default, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+
+
+class _SharedTransport(httpx.AsyncBaseTransport):
+    """Borrows the process-wide transport; closing a client that uses it must not close it for everyone."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport):
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        pass
+
+
+class NeMoGymAsyncOpenAI:
+    """Minimal async client for OpenAI-compatible servers (OpenAI, vLLM, SGLang, ...). Returns parsed JSON dicts.
+
+    Retries responses with a status in ``RETRY_STATUSES`` and transport errors (connection refused/reset,
+    timeouts), with exponential backoff and full jitter, up to ``max_attempts`` requests in total; a
+    ``Retry-After`` header is honoured (capped at ``max_retry_after`` seconds). Then, or at once for any other
+    error status, it raises ``NeMoGymOpenAIError`` with the status and body (transport errors re-raise the last
+    httpx exception). One ``httpx.AsyncClient`` is reused per instance and event loop.
+
+    ``internal`` is kept for signature compatibility with the reference (where it meant "retry connection errors
+    forever"); here every retry budget is bounded.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: Optional[str] = None,
+        internal: bool = False,
+        *,
+        max_attempts: int = 3,
+        backoff_base: float = 0.5,
+        backoff_max: float = 8.0,
+        max_retry_after: float = 60.0,
+        timeout: Union[float, httpx.Timeout, None] = None,
+        connect_timeout: float = 60.0,
+        default_headers: Optional[Mapping[str, str]] = None,
+        limits: Optional[httpx.Limits] = None,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+        http_client: Optional[httpx.AsyncClient] = None,
+    ):
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.internal = internal
+        self.max_attempts = max_attempts
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.max_retry_after = max_retry_after
+        if not isinstance(timeout, httpx.Timeout):
+            timeout = httpx.Timeout(timeout, connect=connect_timeout)
+        self._timeout = timeout
+        # No queueing inside the pool: with max_connections=None every request gets a connection right away.
+        self._limits = limits or httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+        self._transport = transport
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        if default_headers:
+            self._headers.update(default_headers)
+        self._http: Optional[httpx.AsyncClient] = http_client
+        self._owns_http = http_client is None
+        self._http_loop: Optional[asyncio.AbstractEventLoop] = None
+
+    # ---------------------------------------------------------------- endpoints
+
+    async def create_chat_completion(self, **kwargs: Any) -> dict:
+        return await self._request("POST", f"{self.base_url}/chat/completions", kwargs)
+
+    async def create_response(self, **kwargs: Any) -> dict:
+        return await self._request("POST", f"{self.base_url}/responses", kwargs)
+
+    async def create_models(self) -> dict:
+        return await self._request("GET", f"{self.base_url}/models", None)
+
+    async def create_tokenize(self, **kwargs: Any) -> dict:
+        root = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+        return await self._request("POST", f"{root}/tokenize", kwargs)
+
+    # ---------------------------------------------------------------- plumbing
+
+    def _client(self) -> httpx.AsyncClient:
+        if not self._owns_http:
+            return self._http  # type: ignore[return-value]
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http_loop is not loop or self._http.is_closed:
+            # A client's connections belong to the loop that opened them; a new loop gets a new client.
+            transport = self._transport
+            if transport is None:
+                # The process-wide aiohttp-backed transport: far less CPU per call than httpcore's pool.
+                from nemo_gym.http.client import _get_state
+
+                transport = _SharedTransport(_get_state().transport)
+            self._http = httpx.AsyncClient(
+                headers=self._headers, timeout=self._timeout, limits=self._limits, transport=transport
+            )
+            self._http_loop = loop
+        return self._http
+
+    def _delay(self, attempt: int, response: Optional[httpx.Response]) -> float:
+        delay = random.uniform(0, min(self.backoff_max, self.backoff_base * (2 ** (attempt - 1))))
+        if response is not None:
+            retry_after = response.headers.get("retry-after")
+            if retry_after:
+                try:
+                    delay = max(delay, min(float(retry_after), self.max_retry_after))
+                except ValueError:
+                    pass
+        return delay
+
+    async def _request(self, method: str, url: str, body: Any) -> dict:
+        client = self._client()
+        content = _dumps(body) if body is not None else None
+        headers = self._headers if not self._owns_http else None
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = await client.request(method, url, content=content, headers=headers)
+            except httpx.TransportError as exc:
+                if attempt >= self.max_attempts:
+                    exc.add_note(f"{method} {url}: gave up after {attempt} attempts")
+                    raise
+                delay = self._delay(attempt, None)
+                LOG.warning(
+                    "%s %s: %s: %s (attempt %d/%d, retrying in %.2fs)",
+                    method, url, type(exc).__name__, exc, attempt, self.max_attempts, delay,
+                )
+                await asyncio.sleep(delay)
+                continue
+
+            status = response.status_code
+            if status < 400:
+                if not response.content:
+                    return {}
+                try:
+                    return orjson.loads(response.content)
+                except orjson.JSONDecodeError as exc:
+                    raise ValueError(
+                        f"{method} {url} returned HTTP {status} with a body that is not JSON: "
+                        f"{response.text[:_ERROR_BODY_PREVIEW]}"
+                    ) from exc
+            if status in RETRY_STATUSES and attempt < self.max_attempts:
+                delay = self._delay(attempt, response)
+                LOG.warning(
+                    "%s %s: HTTP %d (attempt %d/%d, retrying in %.2fs): %s",
+                    method, url, status, attempt, self.max_attempts, delay, response.text[:500],
+                )
+                await asyncio.sleep(delay)
+                continue
+            raise NeMoGymOpenAIError(request=response.request, response=response, attempts=attempt)
+
+    async def aclose(self) -> None:
+        if self._http is not None and self._owns_http:
+            await self._http.aclose()
+            self._http = None
+
+    async def __aenter__(self) -> "NeMoGymAsyncOpenAI":
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"NeMoGymAsyncOpenAI(base_url={self.base_url!r}, internal={self.internal})"

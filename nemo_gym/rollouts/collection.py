@@ -1,0 +1,1109 @@
+"""`ng_collect_rollouts`: run an agent's `/run` over a JSONL file of tasks and write one JSON line per rollout.
+
+Compatible with NeMo Gym v0.2 (same parameters, indices and files), with these additions:
+
+- **Streaming, bounded memory.** The input is read line by line and at most `num_samples_in_parallel` rollouts
+  (1024 when unset) are in flight; no list of rows is ever built. The only per-row state that grows is the map
+  from a line's hash to its task index (16-byte digests), plus, on resume, the set of finished (task, rollout)
+  keys.
+- **Validation first.** One streaming pass over the input checks every line that will be used (valid JSON, an
+  object, `responses_create_params` that the strict Responses model accepts, an agent, an agent the running
+  stack has) and reports every problem as `file:line: ...` before any rollout starts. The same pass writes
+  `<stem>_materialized_inputs.jsonl` (to a temporary file renamed at the end, so it is complete or absent).
+- **Failures are data.** Transport errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff and
+  jitter up to `max_attempts` attempts per rollout; a rollout that still fails becomes a line of
+  `<stem>_failures.jsonl` (row, error type, message, server, attempts) and the run goes on. The command exits 1
+  when anything failed.
+- **Resume.** `resume_from_cache=true` (with an existing output file) reuses the materialized inputs of the first
+  run (rebuilt from the input if missing; the output is never deleted when resuming), drops a torn last line of
+  the output, skips every (task, rollout) already in the output and runs the rest (failed and missing rollouts),
+  appending to the output. Without resume, the output and failures files are started afresh.
+- **`num_repeats_add_seed` works**: our Responses schema accepts `seed`.
+- A live progress bar on stderr: done / failed / rollouts per second / mean reward so far / ETA.
+
+Task indices: the first distinct line gets 0, the next distinct line 1, and so on; a line identical to an earlier
+one (after stripping surrounding whitespace) gets that line's task index and continues its rollout numbering.
+Rows are materialized grouped by line: (0,0), (0,1), (1,0), (1,1), ...
+
+Python API for training frameworks: `iter_rollouts(rows, server_client=...)` is an async iterator of
+`RolloutResult`s in completion order (the CLI uses it too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+import re
+import sys
+import time
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Optional, Union
+
+import httpx
+import orjson
+from pydantic import Field, ValidationError
+
+from nemo_gym.config.types import AGENT_SERVER_TYPE, BaseNeMoGymCLIConfig, format_validation_errors, wants_help
+from nemo_gym.errors import NeMoGymConfigError, did_you_mean
+
+__all__ = [
+    "TASK_INDEX_KEY_NAME",
+    "ROLLOUT_INDEX_KEY_NAME",
+    "DEFAULT_MAX_IN_FLIGHT",
+    "RolloutCollectionConfig",
+    "RolloutResult",
+    "InputProblem",
+    "InputValidationError",
+    "RowPreprocessor",
+    "CollectionPaths",
+    "iter_input_lines",
+    "iter_materialized_rows",
+    "materialize_input_file",
+    "validate_materialized_file",
+    "repair_jsonl_tail",
+    "read_finished_keys",
+    "iter_pending_rows",
+    "agent_names_in_config",
+    "iter_rollouts",
+    "run_from_config",
+    "collect_rollouts_main",
+]
+
+TASK_INDEX_KEY_NAME = "_ng_task_index"
+ROLLOUT_INDEX_KEY_NAME = "_ng_rollout_index"
+
+# `num_samples_in_parallel: null` means "no cap of yours". We still bound in-flight work so memory stays flat:
+# 1024 is the shared client's per-host connection limit (`global_aiohttp_connector_limit_per_host`), so more
+# in flight would only wait in the connection pool.
+DEFAULT_MAX_IN_FLIGHT = 1024
+MAX_REPORTED_PROBLEMS = 50
+_MESSAGE_LIMIT = 2000
+
+
+class RolloutCollectionConfig(BaseNeMoGymCLIConfig):
+    """Collect rollouts: POST every input row to an agent's /run (on the stack `ng_run` started) and write one
+    JSON line per rollout: the agent's answer plus `_ng_task_index` and `_ng_rollout_index`, in completion
+    order. Also writes <stem>_materialized_inputs.jsonl, <stem>_reward_profiling.jsonl,
+    <stem>_agent_metrics.json, and <stem>_failures.jsonl for rollouts that failed after retries (exit code 1).
+    Example: ng_collect_rollouts +agent_name=my_agent +input_jsonl_fpath=data/example.jsonl
+    +output_jsonl_fpath=results/rollouts.jsonl +num_repeats=4 +num_samples_in_parallel=64"""
+
+    output_jsonl_fpath: str = Field(description="Where to write the rollouts (JSONL).")
+    input_jsonl_fpath: str = Field(
+        description="Input rows (JSONL); a relative path is looked up in the current directory, then the install dir."
+    )
+    agent_name: Optional[str] = Field(
+        default=None, description="Agent (server id) for rows without `agent_ref`; rows that name one keep theirs."
+    )
+    limit: Optional[int] = Field(
+        default=None, ge=1, description="Use only the first `limit` non-blank input lines (before repeats)."
+    )
+    num_repeats: Optional[int] = Field(default=None, ge=1, description="Rollouts per input line (null = 1).")
+    num_repeats_add_seed: bool = Field(
+        default=False, description="Set responses_create_params.seed to the rollout index of each repeat."
+    )
+    num_samples_in_parallel: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description=(
+            f"Maximum rollouts in flight (null = {DEFAULT_MAX_IN_FLIGHT}, the client's per-host connection limit)."
+        ),
+    )
+    responses_create_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Merged over every row's responses_create_params (these win), "
+            "e.g. +responses_create_params.temperature=0.6"
+        ),
+    )
+    resume_from_cache: bool = Field(
+        default=False,
+        description="Keep the rollouts already in the output; run only missing and failed ones (no duplicates).",
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, description="Attempts per rollout on transport errors, timeouts, HTTP 429 and 5xx."
+    )
+    request_timeout_s: Optional[float] = Field(
+        default=None, gt=0, description="Give up on one /run attempt after this many seconds (null = no limit)."
+    )
+    retry_backoff_s: float = Field(
+        default=1.0, ge=0, description="Base of the exponential backoff between attempts (full jitter)."
+    )
+    retry_backoff_max_s: float = Field(default=30.0, ge=0, description="Cap of one backoff sleep.")
+    pass_threshold: float = Field(
+        default=1.0, description="Reward at or above which a rollout counts as passed (for pass@k in the profile)."
+    )
+    progress_bar: bool = Field(default=True, description="Show a live progress bar on stderr.")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Paths
+
+
+def _with_stem_suffix(path: Path, suffix: str, ext: str) -> Path:
+    return path.with_name(f"{path.stem}{suffix}{ext}")
+
+
+@dataclass(frozen=True)
+class CollectionPaths:
+    """Every file a collection writes, derived from the output path as the reference does."""
+
+    output: Path
+
+    @property
+    def materialized_inputs(self) -> Path:
+        return _with_stem_suffix(self.output, "_materialized_inputs", ".jsonl")
+
+    @property
+    def failures(self) -> Path:
+        return _with_stem_suffix(self.output, "_failures", ".jsonl")
+
+    @property
+    def reward_profiling(self) -> Path:
+        return _with_stem_suffix(self.output, "_reward_profiling", ".jsonl")
+
+    @property
+    def agent_metrics(self) -> Path:
+        return _with_stem_suffix(self.output, "_agent_metrics", ".json")
+
+
+def resolve_input_path(path_str: str) -> Path:
+    """A relative input path is tried against the current directory, then the install directory."""
+    path = Path(path_str).expanduser()
+    if path.is_absolute() or path.exists():
+        return path
+    from nemo_gym import PARENT_DIR
+
+    candidate = PARENT_DIR / path
+    return candidate if candidate.exists() else path
+
+
+# --------------------------------------------------------------------------------------------------------
+# Input problems
+
+
+@dataclass(frozen=True)
+class InputProblem:
+    path: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+class InputValidationError(NeMoGymConfigError):
+    """Problems found in an input file before any rollout started; `problems` lists the first ones,
+    `total` counts them all."""
+
+    def __init__(self, problems: list[InputProblem], total: Optional[int] = None, *, what: str = "input"):
+        self.problems = problems
+        self.total = len(problems) if total is None else total
+        lines = [f"{self.total} problem(s) in the {what} (no rollout was started):"]
+        lines += [f"  {p}" for p in problems]
+        if self.total > len(problems):
+            lines.append(f"  ... and {self.total - len(problems)} more")
+        super().__init__("\n".join(lines))
+
+
+class _RowProblem(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------------------------------------
+# Reading and preprocessing rows (streaming)
+
+
+def iter_input_lines(lines: Iterable[Union[str, bytes]], limit: Optional[int] = None) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, stripped line) for every non-blank line, stopping after `limit` of them.
+
+    Blank lines are skipped (a trailing empty line is common in JSONL files) and do not count toward `limit`."""
+    used = 0
+    if limit is not None and limit <= 0:
+        return
+    for lineno, line in enumerate(lines, start=1):
+        if isinstance(line, str):
+            line = line.encode("utf-8")
+        line = line.strip()
+        if not line:
+            continue
+        yield lineno, line
+        used += 1
+        if limit is not None and used >= limit:
+            return
+
+
+def _agent_name_of(row: Mapping[str, Any]) -> Optional[str]:
+    ref = row.get("agent_ref")
+    if type(ref) is dict or isinstance(ref, Mapping):
+        name = ref.get("name")
+        if isinstance(name, str) and name:
+            return name
+    return None
+
+
+class RowPreprocessor:
+    """Turns input lines into materialized rows (reference `_preprocess_rows_from_config`, one line at a time).
+
+    Per line: parse; fill `agent_ref = {"name": agent_name}` when the row names no agent; merge the override
+    dict over `responses_create_params` (overrides win); check the params with the strict Responses model and
+    the agent against `known_agents` (when given); give the line its task index (identical lines share one)
+    and emit `num_repeats` independent rows with `_ng_rollout_index` = the task's running rollout count and,
+    with `num_repeats_add_seed`, `responses_create_params.seed` = that rollout index.
+
+    State kept: line digest -> task index, and the next rollout index per task (8 bytes each).
+    """
+
+    def __init__(
+        self,
+        *,
+        agent_name: Optional[str] = None,
+        num_repeats: Optional[int] = None,
+        num_repeats_add_seed: bool = False,
+        responses_create_params: Optional[Mapping[str, Any]] = None,
+        known_agents: Optional[Iterable[str]] = None,
+        validate_params: bool = True,
+    ) -> None:
+        self.agent_name = agent_name
+        self.num_repeats = 1 if num_repeats is None else int(num_repeats)
+        if self.num_repeats < 1:
+            raise ValueError("num_repeats must be >= 1")
+        self.add_seed = bool(num_repeats_add_seed)
+        self.overrides = dict(responses_create_params or {})
+        self.known_agents = None if known_agents is None else frozenset(known_agents)
+        self._params_model = None
+        if validate_params:
+            from nemo_gym.api.schemas import NeMoGymResponseCreateParamsNonStreaming
+
+            self._params_model = NeMoGymResponseCreateParamsNonStreaming
+        self._task_of_digest: dict[bytes, int] = {}
+        self._next_rollout = array("q")
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self._next_rollout)
+
+    def check_line(self, line: bytes) -> dict:
+        """Parse and check one line; return the preprocessed row (without indices) or raise `_RowProblem`."""
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise _RowProblem(f"invalid JSON: {exc}") from None
+        if not isinstance(row, dict):
+            raise _RowProblem(f"expected a JSON object, got {type(row).__name__}")
+        params = row.get("responses_create_params")
+        if params is None:
+            raise _RowProblem("missing `responses_create_params` (the model call parameters, with `input`)")
+        if not isinstance(params, dict):
+            raise _RowProblem(f"`responses_create_params` must be an object, got {type(params).__name__}")
+        if self.overrides:
+            row["responses_create_params"] = params = {**params, **self.overrides}
+        if self._params_model is not None:
+            try:
+                self._params_model.model_validate(params)
+            except ValidationError as err:
+                details = "; ".join(format_validation_errors(err, key_prefix="responses_create_params")[:5])
+                raise _RowProblem(f"invalid responses_create_params: {details}") from None
+        name = _agent_name_of(row)
+        if name is None:
+            if self.agent_name:
+                ref = row.get("agent_ref")
+                base = ref if isinstance(ref, dict) else {}
+                row["agent_ref"] = {**base, "name": self.agent_name}
+                name = self.agent_name
+            else:
+                raise _RowProblem("no agent: the row has no `agent_ref.name`; pass +agent_name=<agent server id>")
+        if self.known_agents is not None and name not in self.known_agents:
+            known = ", ".join(sorted(self.known_agents)) or "(none)"
+            raise _RowProblem(
+                f"unknown agent `{name}`: the running stack has agents {known}.{did_you_mean(name, self.known_agents)}"
+            )
+        return row
+
+    def task_index(self, line: bytes) -> int:
+        digest = hashlib.blake2b(line, digest_size=16).digest()
+        index = self._task_of_digest.get(digest)
+        if index is None:
+            index = len(self._next_rollout)
+            self._task_of_digest[digest] = index
+            self._next_rollout.append(0)
+        return index
+
+    def materialize(self, line: bytes, row: dict) -> Iterator[dict]:
+        """The `num_repeats` rows of a checked line. The first is `row` itself, the others fresh copies."""
+        task = self.task_index(line)
+        for i in range(self.num_repeats):
+            copy = row if i == 0 else orjson.loads(orjson.dumps(row))
+            rollout = self._next_rollout[task]
+            self._next_rollout[task] = rollout + 1
+            copy[TASK_INDEX_KEY_NAME] = task
+            copy[ROLLOUT_INDEX_KEY_NAME] = rollout
+            if self.add_seed:
+                copy["responses_create_params"] = {**copy["responses_create_params"], "seed": rollout}
+            yield copy
+
+
+def iter_materialized_rows(
+    lines: Iterable[Union[str, bytes]],
+    *,
+    source: str = "<input>",
+    limit: Optional[int] = None,
+    **preprocessor_options: Any,
+) -> Iterator[dict]:
+    """Stream the materialized rows of `lines` (a file object, a list, any iterable of JSONL lines).
+
+    Raises `InputValidationError` naming `source:line` at the first bad line. Options: see `RowPreprocessor`."""
+    pre = RowPreprocessor(**preprocessor_options)
+    for lineno, line in iter_input_lines(lines, limit):
+        try:
+            row = pre.check_line(line)
+        except _RowProblem as exc:
+            raise InputValidationError([InputProblem(source, lineno, str(exc))]) from None
+        yield from pre.materialize(line, row)
+
+
+@dataclass
+class MaterializeStats:
+    num_lines: int = 0
+    num_tasks: int = 0
+    num_rows: int = 0
+
+
+def materialize_input_file(
+    input_path: Path,
+    materialized_path: Path,
+    *,
+    limit: Optional[int] = None,
+    max_reported: int = MAX_REPORTED_PROBLEMS,
+    **preprocessor_options: Any,
+) -> MaterializeStats:
+    """Validate `input_path` and write its materialized rows to `materialized_path`, in one streaming pass.
+
+    Every line that will be used is checked; if any is bad, nothing is written and `InputValidationError`
+    lists the problems (`file:line: ...`). The file is written to a temporary name and renamed at the end."""
+    if not input_path.is_file():
+        raise NeMoGymConfigError(f"Input file not found: {input_path} (+input_jsonl_fpath).")
+    pre = RowPreprocessor(**preprocessor_options)
+    problems: list[InputProblem] = []
+    total_problems = 0
+    stats = MaterializeStats()
+    materialized_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = materialized_path.with_name(materialized_path.name + f".tmp{os.getpid()}")
+    try:
+        with open(input_path, "rb") as src, open(tmp, "wb") as dst:
+            for lineno, line in iter_input_lines(src, limit):
+                stats.num_lines += 1
+                try:
+                    row = pre.check_line(line)
+                except _RowProblem as exc:
+                    total_problems += 1
+                    if len(problems) < max_reported:
+                        problems.append(InputProblem(str(input_path), lineno, str(exc)))
+                    continue
+                if total_problems:
+                    continue  # keep validating, stop writing
+                for out in pre.materialize(line, row):
+                    dst.write(orjson.dumps(out))
+                    dst.write(b"\n")
+                    stats.num_rows += 1
+        if total_problems:
+            raise InputValidationError(problems, total_problems, what=f"input file {input_path}")
+        os.replace(tmp, materialized_path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    stats.num_tasks = pre.num_tasks
+    return stats
+
+
+def validate_materialized_file(
+    path: Path, *, known_agents: Optional[Iterable[str]] = None, max_reported: int = MAX_REPORTED_PROBLEMS
+) -> MaterializeStats:
+    """Check an existing materialized-inputs file before resuming from it (streaming, keeps no rows)."""
+    known = None if known_agents is None else frozenset(known_agents)
+    problems: list[InputProblem] = []
+    total = 0
+    stats = MaterializeStats()
+    max_task = -1
+    with open(path, "rb") as f:
+        for lineno, line in iter_input_lines(f):
+            stats.num_lines += 1
+            message = None
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                row, message = None, f"invalid JSON: {exc}"
+            if message is None:
+                if not isinstance(row, dict):
+                    message = "expected a JSON object"
+                elif not isinstance(row.get(TASK_INDEX_KEY_NAME), int) or not isinstance(
+                    row.get(ROLLOUT_INDEX_KEY_NAME), int
+                ):
+                    message = f"missing `{TASK_INDEX_KEY_NAME}` / `{ROLLOUT_INDEX_KEY_NAME}`"
+                elif not isinstance(row.get("responses_create_params"), dict):
+                    message = "missing `responses_create_params`"
+                else:
+                    name = _agent_name_of(row)
+                    if name is None:
+                        message = "no agent (`agent_ref.name`)"
+                    elif known is not None and name not in known:
+                        message = (
+                            f"unknown agent `{name}`: the running stack has agents "
+                            f"{', '.join(sorted(known)) or '(none)'}.{did_you_mean(name, known)}"
+                        )
+            if message is not None:
+                total += 1
+                if len(problems) < max_reported:
+                    problems.append(InputProblem(str(path), lineno, message))
+                continue
+            stats.num_rows += 1
+            max_task = max(max_task, row[TASK_INDEX_KEY_NAME])
+    if total:
+        raise InputValidationError(problems, total, what=f"materialized inputs {path} (delete it to rebuild)")
+    stats.num_tasks = max_task + 1
+    return stats
+
+
+# --------------------------------------------------------------------------------------------------------
+# Resume bookkeeping
+
+
+def _key(task: int, rollout: int) -> int:
+    return (task << 32) | rollout
+
+
+def repair_jsonl_tail(path: Path) -> int:
+    """Cut a torn last line (no trailing newline, e.g. the process died mid-write) off a JSONL file.
+
+    Returns the number of bytes removed. Complete lines are never touched."""
+    if not path.exists():
+        return 0
+    with open(path, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        # Walk back to the last newline, in chunks.
+        pos = size
+        keep = 0
+        chunk = 65536
+        while pos > 0:
+            start = max(0, pos - chunk)
+            f.seek(start)
+            data = f.read(pos - start)
+            i = data.rfind(b"\n")
+            if i >= 0:
+                keep = start + i + 1
+                break
+            pos = start
+        f.truncate(keep)
+        return size - keep
+
+
+def read_finished_keys(path: Path) -> tuple[set[int], int]:
+    """The (task, rollout) keys (packed ints) of the rollouts in an output file, and the number of unreadable
+    lines that were ignored."""
+    keys: set[int] = set()
+    bad = 0
+    if not path.exists():
+        return keys, bad
+    with open(path, "rb") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = orjson.loads(line)
+                task, rollout = row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]
+            except Exception:
+                bad += 1
+                continue
+            if isinstance(task, int) and isinstance(rollout, int):
+                keys.add(_key(task, rollout))
+            else:
+                bad += 1
+    return keys, bad
+
+
+def iter_pending_rows(materialized_path: Path, finished: Optional[set[int]] = None) -> Iterator[dict]:
+    """Stream the rows of a materialized-inputs file whose (task, rollout) is not in `finished`."""
+    with open(materialized_path, "rb") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            row = orjson.loads(line)
+            if finished and _key(row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]) in finished:
+                continue
+            yield row
+
+
+# --------------------------------------------------------------------------------------------------------
+# Running rollouts
+
+
+@dataclass
+class RolloutResult:
+    """One finished rollout: `result` (the agent's /run answer plus the row's indices) or a failure
+    (`error_type`, `message`, `status_code`, `server`). `attempts` counts the /run calls made."""
+
+    row: dict
+    result: Optional[dict] = None
+    error_type: Optional[str] = None
+    message: Optional[str] = None
+    status_code: Optional[int] = None
+    server: Optional[str] = None
+    agent_name: Optional[str] = None
+    attempts: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error_type is None
+
+    @property
+    def task_index(self) -> Optional[int]:
+        return self.row.get(TASK_INDEX_KEY_NAME)
+
+    @property
+    def rollout_index(self) -> Optional[int]:
+        return self.row.get(ROLLOUT_INDEX_KEY_NAME)
+
+    @property
+    def reward(self) -> Optional[float]:
+        if self.result is None:
+            return None
+        value = self.result.get("reward")
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def failure_record(self) -> dict:
+        """The `<stem>_failures.jsonl` line of a failed rollout."""
+        return {
+            TASK_INDEX_KEY_NAME: self.task_index,
+            ROLLOUT_INDEX_KEY_NAME: self.rollout_index,
+            "error_type": self.error_type,
+            "message": self.message,
+            "status_code": self.status_code,
+            "server": self.server,
+            "agent_name": self.agent_name,
+            "attempts": self.attempts,
+            "row": self.row,
+        }
+
+
+_SERVER_IN_MESSAGE = re.compile(r"server `([^`]+)`")
+
+
+def _failing_server(message: str, agent: str) -> str:
+    """The innermost server an error message names (our client errors say "(server `x`)"), else the agent."""
+    names = [n for n in _SERVER_IN_MESSAGE.findall(message or "") if n != agent]
+    return names[-1] if names else agent
+
+
+def _truncate(text: str, limit: int = _MESSAGE_LIMIT) -> str:
+    return text if len(text) <= limit else text[:limit] + "...[truncated]"
+
+
+def _backoff(attempt: int, base: float, cap: float) -> float:
+    return random.uniform(0.0, min(cap, base * (2 ** (attempt - 1))))
+
+
+async def _run_one(
+    row: dict,
+    *,
+    server_client: Any,
+    agent_name: Optional[str],
+    max_attempts: int,
+    request_timeout_s: Optional[float],
+    backoff_base: float,
+    backoff_max: float,
+) -> RolloutResult:
+    agent = _agent_name_of(row) or agent_name
+    if not agent:
+        return RolloutResult(
+            row, error_type="NoAgent", message="the row has no agent_ref.name and no agent_name was given", attempts=0
+        )
+    from nemo_gym.http.client import ServerClient
+
+    # Our own client: one HTTP attempt per call, this loop does the retrying (so `attempts` is exact).
+    extra = {"max_attempts": 1} if isinstance(server_client, ServerClient) else {}
+    attempt = 0
+    while True:
+        attempt += 1
+        status: Optional[int] = None
+        try:
+            if request_timeout_s is not None:
+                async with asyncio.timeout(request_timeout_s):
+                    response = await server_client.post(agent, "/run", json=row, **extra)
+            else:
+                response = await server_client.post(agent, "/run", json=row, **extra)
+        except asyncio.CancelledError:
+            raise
+        except TimeoutError:
+            error_type, message, retryable = "Timeout", f"/run did not answer within {request_timeout_s} s", True
+        except httpx.TransportError as exc:
+            error_type, message, retryable = type(exc).__name__, str(exc) or type(exc).__name__, True
+        except Exception as exc:  # unknown server id, encoding problems, a client of the caller's...
+            error_type, message, retryable = type(exc).__name__, str(exc) or repr(exc), False
+        else:
+            status = response.status_code
+            body = response.content
+            if 200 <= status < 300:
+                try:
+                    data = orjson.loads(body)
+                    if not isinstance(data, dict):
+                        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+                except Exception as exc:
+                    error_type, message, retryable = "InvalidResponse", f"/run answered {status} with {exc}", False
+                else:
+                    if TASK_INDEX_KEY_NAME in row:
+                        data[TASK_INDEX_KEY_NAME] = row[TASK_INDEX_KEY_NAME]
+                    if ROLLOUT_INDEX_KEY_NAME in row:
+                        data[ROLLOUT_INDEX_KEY_NAME] = row[ROLLOUT_INDEX_KEY_NAME]
+                    return RolloutResult(row, result=data, agent_name=agent, attempts=attempt)
+            else:
+                text = body.decode("utf-8", errors="replace")
+                error_type = "HTTPError"
+                message = f"POST /run on agent `{agent}` answered HTTP {status}: {text}"
+                retryable = status == 429 or status >= 500
+        if not retryable or attempt >= max_attempts:
+            if extra:  # our client was told to try once: its "after 1 attempt" would contradict `attempts`
+                message = message.replace(" failed after 1 attempt:", " failed:")
+            message = _truncate(message)
+            return RolloutResult(
+                row,
+                error_type=error_type,
+                message=message,
+                status_code=status,
+                server=_failing_server(message, agent),
+                agent_name=agent,
+                attempts=attempt,
+            )
+        await asyncio.sleep(_backoff(attempt, backoff_base, backoff_max))
+
+
+class _WorkerDone:
+    pass
+
+
+@dataclass
+class _FeedDone:
+    workers: int
+
+
+@dataclass
+class _FeedCrashed:
+    exc: BaseException
+
+
+_STOP = object()
+
+
+async def iter_rollouts(
+    rows: Union[Iterable[dict], AsyncIterable[dict]],
+    *,
+    server_client: Any,
+    agent_name: Optional[str] = None,
+    num_samples_in_parallel: Optional[int] = None,
+    max_attempts: int = 3,
+    request_timeout_s: Optional[float] = None,
+    retry_backoff_s: float = 1.0,
+    retry_backoff_max_s: float = 30.0,
+) -> AsyncIterator[RolloutResult]:
+    """Run every row through its agent's `/run` and yield a `RolloutResult` as each finishes (completion order).
+
+    `rows`: any iterable or async iterable of dicts (consumed lazily: at most `num_samples_in_parallel` rows,
+    default 1024, are read ahead of the results). Each row goes to the agent named in its `agent_ref.name`, else
+    `agent_name`. `server_client`: a `ServerClient` (e.g. `ServerClient.load_from_global_config()`) or anything with
+    an async `post(server_name, path, json=...)` returning an httpx-like response.
+
+    Failures are yielded, not raised: transport errors, timeouts (`request_timeout_s` per attempt), HTTP 429 and
+    5xx are retried with exponential backoff and full jitter up to `max_attempts` attempts; other statuses, a
+    non-JSON answer or a row without agent fail at once. An exception raised by `rows` itself propagates.
+    Closing the iterator early cancels the rollouts in flight.
+    """
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be >= 1")
+    limit = int(num_samples_in_parallel or DEFAULT_MAX_IN_FLIGHT)
+    if limit < 1:
+        raise ValueError("num_samples_in_parallel must be >= 1")
+    in_q: asyncio.Queue = asyncio.Queue(maxsize=limit)
+    out_q: asyncio.Queue = asyncio.Queue(maxsize=limit)
+    workers: list[asyncio.Task] = []
+    options = dict(
+        server_client=server_client,
+        agent_name=agent_name,
+        max_attempts=max_attempts,
+        request_timeout_s=request_timeout_s,
+        backoff_base=retry_backoff_s,
+        backoff_max=retry_backoff_max_s,
+    )
+
+    async def work() -> None:
+        while True:
+            row = await in_q.get()
+            if row is _STOP:
+                await out_q.put(_WorkerDone())
+                return
+            try:
+                result = await _run_one(row, **options)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug, not a rollout failure: still data, never a hang
+                result = RolloutResult(row, error_type=type(exc).__name__, message=_truncate(str(exc)), attempts=1)
+            await out_q.put(result)
+
+    async def put(row: Any) -> None:
+        if not isinstance(row, dict):
+            raise TypeError(f"iter_rollouts: rows must be dicts, got {type(row).__name__}")
+        await in_q.put(row)
+        if len(workers) < limit:  # workers are started as rows arrive, up to the cap
+            workers.append(asyncio.ensure_future(work()))
+
+    async def feed() -> None:
+        try:
+            if hasattr(rows, "__aiter__"):
+                async for row in rows:  # type: ignore[union-attr]
+                    await put(row)
+            else:
+                for row in rows:  # type: ignore[union-attr]
+                    await put(row)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            await out_q.put(_FeedCrashed(exc))
+            return
+        for _ in workers:
+            await in_q.put(_STOP)
+        await out_q.put(_FeedDone(len(workers)))
+
+    feeder = asyncio.ensure_future(feed())
+    expected: Optional[int] = None
+    done_workers = 0
+    try:
+        while expected is None or done_workers < expected:
+            item = await out_q.get()
+            if isinstance(item, RolloutResult):
+                yield item
+            elif isinstance(item, _WorkerDone):
+                done_workers += 1
+            elif isinstance(item, _FeedDone):
+                expected = item.workers
+            elif isinstance(item, _FeedCrashed):
+                raise item.exc
+    finally:
+        pending = [t for t in (feeder, *workers) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The command
+
+
+def agent_names_in_config(cfg: Any) -> list[str]:
+    """Server ids of the agent blocks (`<id>: {responses_api_agents: {...}}`) in a global config."""
+    names = []
+    try:
+        items = list(cfg.items())
+    except Exception:
+        return names
+    for key, block in items:
+        try:
+            if hasattr(block, "keys") and AGENT_SERVER_TYPE in block.keys():
+                names.append(str(key))
+        except Exception:
+            continue
+    return names
+
+
+class _ProgressDisplay:
+    """The live bar on stderr: done / failed / rollouts per second / mean reward so far / ETA."""
+
+    def __init__(self, total: int, already_done: int, enabled: bool) -> None:
+        self.total = total
+        self.done = already_done
+        self.new_done = 0
+        self.failed = 0
+        self.reward_sum = 0.0
+        self.reward_count = 0
+        self.start = time.monotonic()
+        self._progress = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]rollouts"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("failed [red]{task.fields[failed]}[/]"),
+                TextColumn("{task.fields[rate]} rollouts/s"),
+                TextColumn("mean reward {task.fields[mean_reward]}"),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                refresh_per_second=4,
+            )
+            self._task = self._progress.add_task(
+                "collect", total=total, completed=already_done, failed=0, rate="-", mean_reward="-"
+            )
+            self._progress.start()
+
+    @property
+    def mean_reward(self) -> Optional[float]:
+        return self.reward_sum / self.reward_count if self.reward_count else None
+
+    def update(self, result: RolloutResult) -> None:
+        if result.ok:
+            self.done += 1
+            self.new_done += 1
+            reward = result.reward
+            if reward is not None:
+                self.reward_sum += reward
+                self.reward_count += 1
+        else:
+            self.failed += 1
+        if self._progress is not None:
+            elapsed = max(time.monotonic() - self.start, 1e-9)
+            mean = self.mean_reward
+            self._progress.update(
+                self._task,
+                completed=self.done + self.failed,
+                failed=self.failed,
+                rate=f"{(self.new_done + self.failed) / elapsed:.1f}",
+                mean_reward="-" if mean is None else f"{mean:.3f}",
+            )
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+@dataclass
+class CollectionOutcome:
+    total: int = 0
+    cached: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    mean_reward: Optional[float] = None
+    paths: Optional[CollectionPaths] = None
+    failure_types: dict[str, int] = field(default_factory=dict)
+
+
+async def _collect(
+    config: RolloutCollectionConfig,
+    server_client: Any,
+    rows: Iterable[dict],
+    paths: CollectionPaths,
+    display: _ProgressDisplay,
+    outcome: CollectionOutcome,
+) -> None:
+    with open(paths.output, "ab") as out, open(paths.failures, "ab") as fails:
+        async for result in iter_rollouts(
+            rows,
+            server_client=server_client,
+            agent_name=config.agent_name,
+            num_samples_in_parallel=config.num_samples_in_parallel,
+            max_attempts=config.max_attempts,
+            request_timeout_s=config.request_timeout_s,
+            retry_backoff_s=config.retry_backoff_s,
+            retry_backoff_max_s=config.retry_backoff_max_s,
+        ):
+            if result.ok:
+                out.write(orjson.dumps(result.result, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+                out.flush()
+                outcome.succeeded += 1
+            else:
+                fails.write(orjson.dumps(result.failure_record()) + b"\n")
+                fails.flush()
+                outcome.failed += 1
+                kind = result.error_type or "?"
+                outcome.failure_types[kind] = outcome.failure_types.get(kind, 0) + 1
+            display.update(result)
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(text.rstrip("\n") + "\n")
+    sys.stderr.flush()
+
+
+def run_from_config(
+    config: RolloutCollectionConfig,
+    *,
+    head_server_config: Any = None,
+    server_client: Any = None,
+    profile: bool = True,
+) -> int:
+    """Collect rollouts as `config` says and return the exit code (0 ok, 1 some rollouts failed or the stack
+    is unreachable, 130 interrupted). Input problems raise `InputValidationError` before any rollout starts.
+
+    `server_client` defaults to `ServerClient.load_from_global_config(head_server_config)` (the running stack)."""
+    paths = CollectionPaths(Path(config.output_jsonl_fpath).expanduser())
+    input_path = resolve_input_path(config.input_jsonl_fpath)
+    if server_client is None:
+        from nemo_gym.http.client import ServerClient
+
+        try:
+            server_client = ServerClient.load_from_global_config(head_server_config)
+        except ValueError as exc:
+            _err(f"ng_collect_rollouts: {exc}")
+            return 1
+    known_agents = agent_names_in_config(server_client.global_config_dict)
+    if config.agent_name and known_agents and config.agent_name not in known_agents:
+        # Checked even when every row names its own agent: a mistyped name must not pass silently.
+        raise NeMoGymConfigError(
+            f"`+agent_name={config.agent_name}` is not an agent of the running stack "
+            f"(agents: {', '.join(sorted(known_agents))}).{did_you_mean(config.agent_name, known_agents)}"
+        )
+
+    resume = bool(config.resume_from_cache) and paths.output.exists()
+    paths.output.parent.mkdir(parents=True, exist_ok=True)
+    if resume and paths.materialized_inputs.exists():
+        stats = validate_materialized_file(paths.materialized_inputs, known_agents=known_agents)
+        _err(
+            f"Resuming from {paths.output} with the {stats.num_rows} rollouts listed in {paths.materialized_inputs} "
+            f"(input, limit, repeats and overrides are those of the first run)."
+        )
+    else:
+        stats = materialize_input_file(
+            input_path,
+            paths.materialized_inputs,
+            limit=config.limit,
+            agent_name=config.agent_name,
+            num_repeats=config.num_repeats,
+            num_repeats_add_seed=config.num_repeats_add_seed,
+            responses_create_params=config.responses_create_params,
+            known_agents=known_agents,
+        )
+
+    finished: set[int] = set()
+    if resume:
+        cut = repair_jsonl_tail(paths.output)
+        if cut:
+            _err(f"Removed a torn last line ({cut} bytes) from {paths.output}; that rollout runs again.")
+        finished, bad = read_finished_keys(paths.output)
+        if bad:
+            _err(f"Warning: {bad} unreadable line(s) in {paths.output} were ignored.")
+    else:
+        paths.output.unlink(missing_ok=True)
+    # Failed rollouts of an earlier run are retried now: their old records go.
+    paths.failures.unlink(missing_ok=True)
+    paths.output.touch()
+
+    outcome = CollectionOutcome(total=stats.num_rows, paths=paths)
+    cached = 0
+    if finished:
+        # Count only finished keys that belong to these inputs (a streaming pass, nothing kept).
+        for row in iter_materialized_keys(paths.materialized_inputs):
+            if row in finished:
+                cached += 1
+    outcome.cached = cached
+
+    display = _ProgressDisplay(stats.num_rows, cached, enabled=config.progress_bar)
+    interrupted = False
+    try:
+        asyncio.run(
+            _collect(
+                config,
+                server_client,
+                iter_pending_rows(paths.materialized_inputs, finished),
+                paths,
+                display,
+                outcome,
+            )
+        )
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        display.stop()
+    outcome.mean_reward = display.mean_reward
+    del finished
+
+    if paths.failures.exists() and paths.failures.stat().st_size == 0:
+        paths.failures.unlink()
+
+    if interrupted:
+        _err(
+            f"Interrupted: {outcome.succeeded} new rollouts were saved to {paths.output}. "
+            f"Rerun with +resume_from_cache=true to finish."
+        )
+        return 130
+
+    if profile:
+        from nemo_gym.rollouts.reward_profile import print_profile_table, profile_rollouts
+
+        summary = profile_rollouts(
+            paths.materialized_inputs,
+            paths.output,
+            pass_threshold=config.pass_threshold,
+            reward_profiling_path=paths.reward_profiling,
+            agent_metrics_path=paths.agent_metrics,
+        )
+        print_profile_table(summary)
+
+    _print_outcome(outcome)
+    return 1 if outcome.failed else 0
+
+
+def iter_materialized_keys(materialized_path: Path) -> Iterator[int]:
+    """The packed (task, rollout) key of every row of a materialized-inputs file."""
+    with open(materialized_path, "rb") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                row = orjson.loads(line)
+                yield _key(row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME])
+
+
+def _print_outcome(outcome: CollectionOutcome) -> None:
+    paths = outcome.paths
+    assert paths is not None
+    new = outcome.succeeded
+    parts = [f"{outcome.cached + new} / {outcome.total} rollouts in {paths.output}"]
+    if outcome.cached:
+        parts.append(f"{outcome.cached} from an earlier run, {new} new")
+    if outcome.mean_reward is not None:
+        parts.append(f"mean reward of new rollouts {outcome.mean_reward:.4f}")
+    print("Collected " + "; ".join(parts) + ".")
+    print(f"Materialized inputs: {paths.materialized_inputs}")
+    if paths.reward_profiling.exists():
+        print(f"Reward profiling:    {paths.reward_profiling}")
+    if paths.agent_metrics.exists():
+        print(f"Agent metrics:       {paths.agent_metrics}")
+    if outcome.failed:
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(outcome.failure_types.items()))
+        _err(
+            f"{outcome.failed} rollout(s) failed after retries ({kinds}); details in {paths.failures}. "
+            f"Rerun with +resume_from_cache=true to retry them."
+        )
+    sys.stdout.flush()
+
+
+COMMAND_NAME = "ng_collect_rollouts"
+
+
+def collect_rollouts_main(args: list[str]) -> int:
+    """`ng_collect_rollouts` / `ng collect`: parse the overrides, validate, collect. Returns the exit code."""
+    if wants_help(args):
+        sys.stdout.write(RolloutCollectionConfig.help_text(COMMAND_NAME))
+        return 0
+    try:
+        from nemo_gym.config.global_config import get_head_server_config, parse_global_config
+
+        cfg = parse_global_config(args, allocate_ports=False)
+        config = RolloutCollectionConfig.from_global_config(cfg)
+        return run_from_config(config, head_server_config=get_head_server_config(cfg))
+    except NeMoGymConfigError as exc:
+        _err(f"{COMMAND_NAME}: {exc}")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
