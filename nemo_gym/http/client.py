@@ -3,7 +3,7 @@
 `ServerClient` turns a server id (a top-level block name of the global config) into
 `http://{host}:{port}` and sends requests through one shared httpx transport per event loop.
 
-Behaviour (NeMo Gym v0.2 compatible, see DESIGN.md 2.1 / 2.5):
+Behaviour (NeMo Gym v0.2 compatible):
 
 - **Addressing**: host/port sit three levels under `global_config_dict[server_id]`
   (`server_id -> server_type -> impl -> {host, port}`); resolved base URLs are cached per server id.
@@ -13,15 +13,15 @@ Behaviour (NeMo Gym v0.2 compatible, see DESIGN.md 2.1 / 2.5):
 - **Cookies** are never stored by the client (no jar shared between rollouts). Pass them per call
   (`dict`, `httpx.Cookies` or `http.cookies.SimpleCookie`); they are sent as one `Cookie` header. A response's
   `.cookies` holds the `Set-Cookie`s of that response only.
-- **Retries**: bounded (`max_attempts`, default 4) with exponential backoff and full jitter, on connection
-  failures (connect error/timeout, pool timeout, read/write error, remote disconnect) and on HTTP
-  429/502/503/504 (a `Retry-After` in seconds is honoured, capped at `backoff_max`). Other statuses are
-  returned at once. After the last attempt the last response is returned, or the last exception is raised
-  with the server id, URL and attempt count in its message (attributes `server_name`, `url`, `attempts`).
-  Read/write *timeouts* are not retried: the server may still be working on a non-idempotent `/run`.
+- **Retries**: `nemo_gym.http.retry` decides (bounded by `max_attempts`, default 4; jittered backoff;
+  `Retry-After` honoured up to `max_retry_after`). A request counts as idempotent when its method is (GET,
+  PUT, ...) or the call says `idempotent=True`; a POST such as a tool call is not, so it is retried only on
+  failures that mean it never ran (connection refused, 429, 503), never on a 500, a disconnect or a timeout.
+  After the last attempt the last response is returned, or the last exception is raised with the server id,
+  URL and attempt count in its message (attributes `server_name`, `url`, `attempts`).
 - **Timeouts**: default connect 10 s, read/write/pool unbounded. A rollout's `/run` can legitimately take
-  hours (long agentic episodes), and the reference had no client timeout at all (its Appendix A item 12);
-  a bounded connect timeout still turns a dead host into a prompt, retryable error. Override per client
+  hours (long agentic episodes), and the reference had no client timeout at all; a bounded connect timeout
+  still turns a dead host into a prompt, retryable error. Override per client
   (`timeout=`) or per call (`timeout=`; a float applies to connect, read, write and pool).
 
 Transport (benchmark: `benchmarks/client_concurrency.py`): httpx's default httpcore pool rescans its waiting
@@ -45,7 +45,6 @@ import atexit
 import http.cookiejar
 import logging
 import os
-import random
 import threading
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
@@ -54,7 +53,19 @@ from typing import Any, AsyncIterator, Mapping, Optional, Union
 import httpx
 import orjson
 
+from nemo_gym.config.values import config_get, is_mapping
 from nemo_gym.errors import did_you_mean
+from nemo_gym.http.retry import (
+    DEFAULT_BACKOFF_BASE,
+    DEFAULT_BACKOFF_MAX,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_RETRY_AFTER,
+    RETRY_EXCEPTIONS,
+    RETRY_STATUSES,
+    RetryingClient,
+    RetryPolicy,
+    is_idempotent_method,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,13 +81,10 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "DEFAULT_MAX_ATTEMPTS",
     "RETRY_STATUSES",
+    "RETRY_EXCEPTIONS",
 ]
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=None, pool=None)
-DEFAULT_MAX_ATTEMPTS = 4
-DEFAULT_BACKOFF_BASE = 0.5  # seconds; attempt k sleeps uniform(0, min(max, base * 2**(k-1)))
-DEFAULT_BACKOFF_MAX = 8.0
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
 
 DEFAULT_CONNECTOR_LIMIT = 102400
 DEFAULT_CONNECTOR_LIMIT_PER_HOST = 1024
@@ -84,17 +92,6 @@ TRANSPORT_ENV_VAR = "NEMO_GYM_HTTP_CLIENT_TRANSPORT"
 TRANSPORT_CONFIG_KEY = "http_client_transport"
 TRANSPORTS = ("aiohttp", "httpx")
 DEFAULT_TRANSPORT = "aiohttp"
-
-# Connection-level failures that are safe to retry: the request never reached the application, or the
-# connection died under it. Timeouts on read/write are deliberately absent.
-RETRY_EXCEPTIONS: tuple[type[BaseException], ...] = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.ReadError,
-    httpx.WriteError,
-    httpx.RemoteProtocolError,
-)
 
 _JSON_HEADERS = (("content-type", "application/json"),)
 _NO_TIMEOUT_OVERRIDE: Any = object()
@@ -274,18 +271,8 @@ class _NullCookieJar(http.cookiejar.CookieJar):
 # The shared transport (one per event loop per process)
 
 
-def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
-    if cfg is None:
-        return default
-    try:
-        value = cfg.get(key, default)
-    except Exception:
-        return default
-    return default if value is None else value
-
-
 def _transport_name(cfg: Any) -> str:
-    name = _cfg_get(cfg, TRANSPORT_CONFIG_KEY) or os.environ.get(TRANSPORT_ENV_VAR) or DEFAULT_TRANSPORT
+    name = config_get(cfg, TRANSPORT_CONFIG_KEY) or os.environ.get(TRANSPORT_ENV_VAR) or DEFAULT_TRANSPORT
     name = str(name).strip().lower()
     if name not in TRANSPORTS:
         raise ValueError(
@@ -507,16 +494,16 @@ def _get_state(cfg: Any = None) -> _LoopState:
                 if other.loop.is_closed() or other.closed:
                     del _states[key]
             name = _transport_name(cfg)
-            limit = int(_cfg_get(cfg, "global_aiohttp_connector_limit", DEFAULT_CONNECTOR_LIMIT))
+            limit = int(config_get(cfg, "global_aiohttp_connector_limit", DEFAULT_CONNECTOR_LIMIT))
             per_host = int(
-                _cfg_get(cfg, "global_aiohttp_connector_limit_per_host", DEFAULT_CONNECTOR_LIMIT_PER_HOST)
+                config_get(cfg, "global_aiohttp_connector_limit_per_host", DEFAULT_CONNECTOR_LIMIT_PER_HOST)
             )
             transport = build_transport(name, limit, per_host)
             state = _LoopState(
                 loop=loop,
                 transport=transport,
                 transport_name=name,
-                debug=bool(_cfg_get(cfg, "global_aiohttp_client_request_debug", False)),
+                debug=bool(config_get(cfg, "global_aiohttp_client_request_debug", False)),
             )
             # Start the closer generator synchronously up to its `yield` (it awaits nothing before it);
             # `__anext__()` registers it with the running loop's firstiter hook.
@@ -591,20 +578,9 @@ atexit.register(_close_all_at_exit)
 
 
 def _get_field(obj: Any, name: str) -> Any:
-    if _is_mapping(obj):
+    if is_mapping(obj):
         return obj.get(name)
     return getattr(obj, name, None)
-
-
-def _is_mapping(obj: Any) -> bool:
-    if isinstance(obj, Mapping):
-        return True
-    try:
-        from omegaconf import DictConfig
-
-        return isinstance(obj, DictConfig)
-    except ImportError:  # pragma: no cover
-        return False
 
 
 def _known_server_ids(cfg: Any) -> list[str]:
@@ -615,29 +591,15 @@ def _known_server_ids(cfg: Any) -> list[str]:
         return ids
     for key, block in items:
         try:
-            if not _is_mapping(block):
+            if not is_mapping(block):
                 continue
             for _server_type, impls in block.items():
-                if _is_mapping(impls) and any(_is_mapping(v) for v in impls.values()):
+                if is_mapping(impls) and any(is_mapping(v) for v in impls.values()):
                     ids.append(str(key))
                     break
         except Exception:  # unresolved interpolation etc.
             continue
     return ids
-
-
-def _backoff_delay(attempt: int, base: float, cap: float) -> float:
-    return random.uniform(0.0, min(cap, base * (2 ** (attempt - 1))))
-
-
-def _retry_after_seconds(response: httpx.Response) -> Optional[float]:
-    value = response.headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
 
 
 def _coerce_timeout(timeout: Any) -> dict:
@@ -650,7 +612,7 @@ def _coerce_timeout(timeout: Any) -> dict:
     return httpx.Timeout(timeout).as_dict()
 
 
-class ServerClient:
+class ServerClient(RetryingClient):
     """Calls other servers of the stack by server id.
 
     `head_server_config`: anything with `host`/`port` (attributes or keys) - the head server (used by
@@ -668,17 +630,14 @@ class ServerClient:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         backoff_base: float = DEFAULT_BACKOFF_BASE,
         backoff_max: float = DEFAULT_BACKOFF_MAX,
+        max_retry_after: float = DEFAULT_MAX_RETRY_AFTER,
         transport: Optional[httpx.AsyncBaseTransport] = None,
     ) -> None:
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be >= 1")
+        self.retry_policy = RetryPolicy(int(max_attempts), float(backoff_base), float(backoff_max), float(max_retry_after))
         self.head_server_config = head_server_config
         self._global_config_dict = global_config_dict
         self._timeout_dict = _coerce_timeout(timeout)
         self.timeout = httpx.Timeout(**self._timeout_dict)
-        self.max_attempts = int(max_attempts)
-        self.backoff_base = float(backoff_base)
-        self.backoff_max = float(backoff_max)
         self._base_urls: dict[str, str] = {}
         self._urls: dict[tuple[str, str], httpx.URL] = {}  # parsed URLs per (server, path): parsing is costly
         # A transport of your own (tests: httpx.MockTransport; benchmarks); None = the shared one per loop.
@@ -725,7 +684,7 @@ class ServerClient:
                 block = cfg[server_name]
         except Exception:
             block = None
-        if block is None or not _is_mapping(block):
+        if block is None or not is_mapping(block):
             known = _known_server_ids(cfg)
             raise ValueError(
                 f"Unknown server `{server_name}`: no such server id in the global config."
@@ -741,9 +700,9 @@ class ServerClient:
             impl_cfg = None
         if impl_cfg is None:
             for _server_type, impls in block.items():
-                if _is_mapping(impls):
+                if is_mapping(impls):
                     for _impl, c in impls.items():
-                        if _is_mapping(c):
+                        if is_mapping(c):
                             impl_cfg = c
                             break
                 if impl_cfg is not None:
@@ -818,11 +777,13 @@ class ServerClient:
         params: Any = None,
         timeout: Union[float, httpx.Timeout, None] = _NO_TIMEOUT_OVERRIDE,
         max_attempts: Optional[int] = None,
+        idempotent: Optional[bool] = None,
     ) -> httpx.Response:
         """Send `method` to `url_path` of server `server_name` and return the fully read response.
 
         Retries as described in the module docstring; `max_attempts` overrides the client's bound for one
-        call. The response is returned for every status (use `raise_for_status`)."""
+        call, `idempotent` whether repeating it is harmless (default: by method). The response is returned for
+        every status (use `raise_for_status`)."""
         url = self._urls.get((server_name, url_path))
         if url is None:
             url = self._build_url(server_name, url_path)
@@ -856,43 +817,39 @@ class ServerClient:
         else:
             state = _get_state(self._global_config_dict)
             transport, debug = state.transport, state.debug
-        attempts = self.max_attempts if max_attempts is None else max(1, int(max_attempts))
+        if idempotent is None:
+            idempotent = is_idempotent_method(method)
 
-        attempt = 0
-        while True:
-            attempt += 1
+        async def send() -> httpx.Response:
+            response = await transport.handle_async_request(request)
             try:
-                response = await transport.handle_async_request(request)
-                try:
-                    await response.aread()
-                except BaseException:
-                    await response.aclose()
-                    raise
-            except RETRY_EXCEPTIONS as exc:
-                if attempt >= attempts:
-                    raise self._final_error(exc, server_name, request, attempt, debug) from exc
-                await asyncio.sleep(_backoff_delay(attempt, self.backoff_base, self.backoff_max))
-                continue
-            except httpx.TransportError as exc:  # timeouts etc.: not retried
-                raise self._final_error(exc, server_name, request, attempt, debug) from exc
-
-            if response.status_code in RETRY_STATUSES and attempt < attempts:
-                delay = _backoff_delay(attempt, self.backoff_base, self.backoff_max)
-                retry_after = _retry_after_seconds(response)
-                if retry_after is not None:
-                    delay = max(delay, min(retry_after, self.backoff_max))
-                await asyncio.sleep(delay)
-                continue
-
-            ext = response.extensions
-            ext["nemo_gym_server_name"] = server_name
-            ext["nemo_gym_attempts"] = attempt
-            if debug and response.status_code >= 400:
-                logger.warning(
-                    "%s %s (server `%s`) -> HTTP %s after %d attempt(s); request body: %r; response body: %r",
-                    method, url, server_name, response.status_code, attempt, body, response.content,
-                )
+                await response.aread()
+            except BaseException:
+                await response.aclose()
+                raise
             return response
+
+        outcome = await self.retry_policy.run(
+            send,
+            idempotent=idempotent,
+            label=lambda: f"{method} {url} (server `{server_name}`)",
+            max_attempts=max_attempts,
+        )
+        attempt = outcome.attempts
+        if outcome.error is not None:
+            if isinstance(outcome.error, httpx.TransportError):
+                raise self._final_error(outcome.error, server_name, request, attempt, debug) from outcome.error
+            raise outcome.error
+        response = outcome.result
+        ext = response.extensions
+        ext["nemo_gym_server_name"] = server_name
+        ext["nemo_gym_attempts"] = attempt
+        if debug and response.status_code >= 400:
+            logger.warning(
+                "%s %s (server `%s`) -> HTTP %s after %d attempt(s); request body: %r; response body: %r",
+                method, url, server_name, response.status_code, attempt, body, response.content,
+            )
+        return response
 
     @staticmethod
     def _final_error(

@@ -1,25 +1,21 @@
 """`NeMoGymAsyncOpenAI`: a small async client for OpenAI-compatible backends (OpenAI, vLLM, SGLang, ...).
 
 Model servers use it to call their upstream. It returns parsed JSON dicts, shares the process-wide transport of
-`nemo_gym.http.client`, and retries with bounded, jittered backoff.
+`nemo_gym.http.client`, and retries by `nemo_gym.http.retry` (model calls are idempotent: sampling again is
+harmless, so a 500 or a dropped connection is retried too).
 """
 
 import asyncio
-import logging
-import random
 from typing import Any, Mapping, Optional, Union
 
 import httpx
 import orjson
 from pydantic import BaseModel
 
-LOG = logging.getLogger(__name__)
+from nemo_gym.http.retry import RETRY_STATUSES, RetryingClient, RetryPolicy
 
 __all__ = ["RETRY_STATUSES", "NeMoGymOpenAIError", "NeMoGymAsyncOpenAI"]
 
-
-# 429 and 5xx statuses that usually mean "try again": rate limits, overload, gateway trouble, Cloudflare 520.
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504, 520})
 _ERROR_BODY_PREVIEW = 2000
 
 
@@ -68,13 +64,12 @@ class _SharedTransport(httpx.AsyncBaseTransport):
         pass
 
 
-class NeMoGymAsyncOpenAI:
+class NeMoGymAsyncOpenAI(RetryingClient):
     """Minimal async client for OpenAI-compatible servers (OpenAI, vLLM, SGLang, ...). Returns parsed JSON dicts.
 
-    Retries responses with a status in ``RETRY_STATUSES`` and transport errors (connection refused/reset,
-    timeouts), with exponential backoff and full jitter, up to ``max_attempts`` requests in total; a
-    ``Retry-After`` header is honoured (capped at ``max_retry_after`` seconds). Then, or at once for any other
-    error status, it raises ``NeMoGymOpenAIError`` with the status and body (transport errors re-raise the last
+    Retries responses with a status in ``RETRY_STATUSES`` and connection failures and timeouts (the idempotent
+    rules of ``nemo_gym.http.retry``), up to ``max_attempts`` requests in total; a ``Retry-After`` header is
+    honoured (capped at ``max_retry_after`` seconds). Then, or at once for any other error status, it raises ``NeMoGymOpenAIError`` with the status and body (transport errors re-raise the last
     httpx exception). One ``httpx.AsyncClient`` is reused per instance and event loop.
 
     ``internal`` is kept for signature compatibility with the reference (where it meant "retry connection errors
@@ -98,15 +93,10 @@ class NeMoGymAsyncOpenAI:
         transport: Optional[httpx.AsyncBaseTransport] = None,
         http_client: Optional[httpx.AsyncClient] = None,
     ):
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
+        self.retry_policy = RetryPolicy(max_attempts, backoff_base, backoff_max, max_retry_after)
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.internal = internal
-        self.max_attempts = max_attempts
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
-        self.max_retry_after = max_retry_after
         if not isinstance(timeout, httpx.Timeout):
             timeout = httpx.Timeout(timeout, connect=connect_timeout)
         self._timeout = timeout
@@ -157,58 +147,30 @@ class NeMoGymAsyncOpenAI:
             self._http_loop = loop
         return self._http
 
-    def _delay(self, attempt: int, response: Optional[httpx.Response]) -> float:
-        delay = random.uniform(0, min(self.backoff_max, self.backoff_base * (2 ** (attempt - 1))))
-        if response is not None:
-            retry_after = response.headers.get("retry-after")
-            if retry_after:
-                try:
-                    delay = max(delay, min(float(retry_after), self.max_retry_after))
-                except ValueError:
-                    pass
-        return delay
-
     async def _request(self, method: str, url: str, body: Any) -> dict:
         client = self._client()
         content = _dumps(body) if body is not None else None
         headers = self._headers if not self._owns_http else None
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                response = await client.request(method, url, content=content, headers=headers)
-            except httpx.TransportError as exc:
-                if attempt >= self.max_attempts:
-                    exc.add_note(f"{method} {url}: gave up after {attempt} attempts")
-                    raise
-                delay = self._delay(attempt, None)
-                LOG.warning(
-                    "%s %s: %s: %s (attempt %d/%d, retrying in %.2fs)",
-                    method, url, type(exc).__name__, exc, attempt, self.max_attempts, delay,
-                )
-                await asyncio.sleep(delay)
-                continue
-
-            status = response.status_code
-            if status < 400:
-                if not response.content:
-                    return {}
-                try:
-                    return orjson.loads(response.content)
-                except orjson.JSONDecodeError as exc:
-                    raise ValueError(
-                        f"{method} {url} returned HTTP {status} with a body that is not JSON: "
-                        f"{response.text[:_ERROR_BODY_PREVIEW]}"
-                    ) from exc
-            if status in RETRY_STATUSES and attempt < self.max_attempts:
-                delay = self._delay(attempt, response)
-                LOG.warning(
-                    "%s %s: HTTP %d (attempt %d/%d, retrying in %.2fs): %s",
-                    method, url, status, attempt, self.max_attempts, delay, response.text[:500],
-                )
-                await asyncio.sleep(delay)
-                continue
-            raise NeMoGymOpenAIError(request=response.request, response=response, attempts=attempt)
+        outcome = await self.retry_policy.run(
+            lambda: client.request(method, url, content=content, headers=headers), idempotent=True, label=f"{method} {url}"
+        )
+        if outcome.error is not None:
+            tries = f"{outcome.attempts} attempt{'s' if outcome.attempts != 1 else ''}"
+            outcome.error.add_note(f"{method} {url}: failed after {tries}")
+            raise outcome.error
+        response = outcome.result
+        status = response.status_code
+        if status >= 400:
+            raise NeMoGymOpenAIError(request=response.request, response=response, attempts=outcome.attempts)
+        if not response.content:
+            return {}
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(
+                f"{method} {url} returned HTTP {status} with a body that is not JSON: "
+                f"{response.text[:_ERROR_BODY_PREVIEW]}"
+            ) from exc
 
     async def aclose(self) -> None:
         if self._http is not None and self._owns_http:

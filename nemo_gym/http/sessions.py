@@ -9,7 +9,7 @@ session dict as compact JSON in unpadded base64url and `signature` is the unpadd
 `<cookie name> "|" <payload>` under the secret. Binding the cookie name into the MAC means a cookie minted
 for one server cannot be replayed under another server's name even if both used the same secret.
 
-Differences from the reference (NeMo Gym v0.2, DESIGN.md 2.6):
+Differences from the reference (NeMo Gym v0.2):
 
 * The reference signs with a key equal to the cookie name (`<ClassName>___<server_id>`), which anybody can
   read off a response, so cookies could be forged. We sign with a **random secret chosen once per launch**

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from pydantic import BaseModel
 
 from nemo_gym.http import client as sc
+from nemo_gym.http import retry
 from nemo_gym.http.client import (
     NeMoGymHTTPError,
     ServerClient,
@@ -29,6 +30,7 @@ from nemo_gym.http.client import (
     get_response_json,
     raise_for_status,
 )
+from tests.unit.test_retry import slept  # noqa: F401  (fixture)
 
 # ------------------------------------------------------------------------------------------ test server
 
@@ -57,11 +59,12 @@ def _build_app(state: dict) -> FastAPI:
         response.set_cookie("other", "two")
         return response
 
-    @app.post("/flaky/{key}/{failures}/{status}")
-    async def flaky(key: str, failures: int, status: int):
+    @app.api_route("/flaky/{key}/{failures}/{status}", methods=["GET", "POST"])
+    async def flaky(key: str, failures: int, status: int, retry_after: Optional[str] = None):
         calls[key] += 1
         if calls[key] <= failures:
-            return Response(content=f"try again ({calls[key]})", status_code=status)
+            headers = {"Retry-After": retry_after} if retry_after else None
+            return Response(content=f"try again ({calls[key]})", status_code=status, headers=headers)
         return {"ok": True, "calls": calls[key]}
 
     @app.post("/status/{key}/{status}")
@@ -69,7 +72,7 @@ def _build_app(state: dict) -> FastAPI:
         calls[key] += 1
         return Response(content=f"status {status} body for {key}", status_code=status)
 
-    @app.post("/slow/{key}")
+    @app.api_route("/slow/{key}", methods=["GET", "POST"])
     async def slow(key: str):
         calls[key] += 1
         await asyncio.sleep(3)
@@ -269,33 +272,55 @@ async def test_set_cookie_is_read_from_the_response_and_can_be_passed_on(server)
 # ------------------------------------------------------------------------------------------ retries
 
 
-@pytest.mark.parametrize("status", [429, 502, 503, 504])
-async def test_retry_on_retryable_status_then_success(server, status):
-    key = f"retry-{status}"
+# A POST (a tool call, a /verify) is retried only on statuses that mean it never ran; a GET, or a call that says
+# `idempotent=True`, also on those that mean it may have run (500, 502, 504).
+@pytest.mark.parametrize(
+    "method, idempotent, status",
+    [
+        ("POST", None, 429), ("POST", None, 503), ("POST", None, 408),
+        ("GET", None, 502), ("GET", None, 504), ("POST", True, 500), ("POST", True, 502),
+    ],
+)
+async def test_retry_on_retryable_status_then_success(server, method, idempotent, status):
+    key = f"retry-{method}-{idempotent}-{status}"
     client = _client(server.port)
-    response = await client.post("test_agent", f"/flaky/{key}/2/{status}", json={})
+    response = await client.request("test_agent", f"/flaky/{key}/2/{status}", method, idempotent=idempotent)
     assert response.status_code == 200
     assert response.json() == {"ok": True, "calls": 3}
     assert server.state["calls"][key] == 3
     assert response.extensions["nemo_gym_attempts"] == 3
 
 
-async def test_give_up_after_max_attempts_on_502(server):
+async def test_503_with_retry_after_is_retried_after_the_time_asked_for(server, slept):
+    client = _client(server.port, max_retry_after=30.0)
+    response = await client.post("test_agent", "/flaky/ra/2/503?retry_after=2", json={})
+    assert response.status_code == 200 and server.state["calls"]["ra"] == 3
+    assert slept == [2.0, 2.0]  # the backoff (at most 0.05 s here) is raised to what the server asked
+    response = await client.post("test_agent", "/flaky/ra-cap/1/429?retry_after=3600", json={})
+    assert response.status_code == 200 and slept[-1] == 30.0  # capped at max_retry_after
+    # Retry-After on a status that is not retried for this request changes nothing.
+    response = await client.post("test_agent", "/flaky/ra-500/1/500?retry_after=1", json={})
+    assert response.status_code == 500 and server.state["calls"]["ra-500"] == 1 and len(slept) == 3
+
+
+async def test_give_up_after_max_attempts_on_503(server):
     client = _client(server.port, max_attempts=3)
-    response = await client.post("test_agent", "/status/giveup/502", json={})
-    assert response.status_code == 502
+    response = await client.post("test_agent", "/status/giveup/503", json={})
+    assert response.status_code == 503
     assert server.state["calls"]["giveup"] == 3
     with pytest.raises(NeMoGymHTTPError) as info:
         await raise_for_status(response)
-    assert info.value.status == 502 and info.value.response.status_code == 502
+    assert info.value.status == 503 and info.value.response.status_code == 503
     assert "after 3 attempts" in str(info.value)
     assert "test_agent" in str(info.value)
     # Per-call override of the bound.
-    response = await client.post("test_agent", "/status/giveup-once/502", json={}, max_attempts=1)
-    assert response.status_code == 502 and server.state["calls"]["giveup-once"] == 1
+    response = await client.post("test_agent", "/status/giveup-once/503", json={}, max_attempts=1)
+    assert response.status_code == 503 and server.state["calls"]["giveup-once"] == 1
 
 
-@pytest.mark.parametrize("status", [400, 404, 422, 500])
+# A tool that raised (500), or a gateway that lost the answer (502, 504), may have done its work: a POST is
+# not sent again (before the shared retry policy, 502 and 504 were retried for every request).
+@pytest.mark.parametrize("status", [400, 404, 422, 500, 501, 502, 504])
 async def test_no_retry_on_other_error_statuses(server, status):
     key = f"noretry-{status}"
     client = _client(server.port)
@@ -318,7 +343,9 @@ async def test_connection_refused_is_retried_then_raised_clearly():
     assert "running" in message
 
 
-async def test_remote_disconnect_is_retried_then_raised():
+# A disconnect after the request was sent may come after the handler ran: retried for idempotent calls only
+# (before the shared retry policy, every POST was retried on it).
+async def test_remote_disconnect_is_retried_for_idempotent_calls_only():
     accepted = 0
 
     async def handle(reader, writer):
@@ -332,21 +359,36 @@ async def test_remote_disconnect_is_retried_then_raised():
     try:
         client = _client(port, max_attempts=3)
         with pytest.raises(httpx.TransportError) as info:
-            await client.post("test_agent", "/run", json={"x": 1})
+            await client.post("test_agent", "/run", json={"x": 1}, idempotent=True)
         assert isinstance(info.value, sc.RETRY_EXCEPTIONS)
         assert info.value.attempts == 3
         assert accepted == 3
+        with pytest.raises(httpx.TransportError) as info:
+            await client.post("test_agent", "/verify", json={"x": 1})
+        assert info.value.attempts == 1 and accepted == 4
     finally:
         tcp.close()
         await tcp.wait_closed()
 
 
-async def test_read_timeout_per_call_is_not_retried(server):
+async def test_read_timeout_is_retried_for_idempotent_calls_only(server):
     client = _client(server.port)
     with pytest.raises(httpx.ReadTimeout) as info:
         await client.post("test_agent", "/slow/t1", json={}, timeout=httpx.Timeout(5.0, read=0.2))
-    assert info.value.attempts == 1
+    assert info.value.attempts == 1  # the server may still be working on it
     assert server.state["calls"]["t1"] == 1
+    with pytest.raises(httpx.ReadTimeout) as info:
+        await client.get("test_agent", "/slow/t2", timeout=httpx.Timeout(5.0, read=0.2), max_attempts=2)
+    assert info.value.attempts == 2 and server.state["calls"]["t2"] == 2
+
+
+def test_retry_settings_are_the_policy_s():
+    client = ServerClient(global_config_dict={}, max_attempts=5, backoff_base=0.1, backoff_max=2.0, max_retry_after=9)
+    assert client.retry_policy == sc.RetryPolicy(5, 0.1, 2.0, 9.0)
+    assert (client.max_attempts, client.backoff_base, client.backoff_max, client.max_retry_after) == (5, 0.1, 2.0, 9.0)
+    assert sc.RETRY_STATUSES is retry.RETRY_STATUSES and sc.RETRY_EXCEPTIONS is retry.RETRY_EXCEPTIONS  # one set
+    with pytest.raises(ValueError):
+        ServerClient(global_config_dict={}, max_attempts=0)
 
 
 # ------------------------------------------------------------------------------------------ helpers
