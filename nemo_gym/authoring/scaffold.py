@@ -29,7 +29,6 @@ import keyword
 import os
 import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -37,10 +36,9 @@ from typing import Optional
 from pydantic import Field
 
 from nemo_gym import PARENT_DIR
-from nemo_gym.config.types import BaseNeMoGymCLIConfig, wants_help
+from nemo_gym.config.types import BaseNeMoGymCLIConfig
 from nemo_gym.errors import NeMoGymConfigError
 
-COMMAND_NAME = "ng_init_resources_server"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates" / "resources_server_template"
 RESOURCES_SERVERS_DIRNAME = "resources_servers"
 MODEL_CONFIG = "responses_api_models/openai_model/configs/openai_model.yaml"
@@ -230,22 +228,3 @@ def next_steps(target: Path, cwd: Path) -> str:
     ]
     return "\n".join(lines) + "\n"
 
-
-def init_resources_server_main(args: list[str], *, cwd: Optional[Path] = None) -> int:
-    """`ng_init_resources_server` / `ng init`; returns the exit code."""
-    if wants_help(args):
-        sys.stdout.write(InitResourcesServerConfig.help_text(COMMAND_NAME))
-        return 0
-    from nemo_gym.config.overrides import overrides_to_dict, parse_overrides
-
-    cwd = Path(cwd) if cwd is not None else Path.cwd()
-    try:
-        # No config files are needed: only this command's own parameter (an env.yaml is not read).
-        config = InitResourcesServerConfig.from_global_config(overrides_to_dict(parse_overrides(args)))
-        target = scaffold_resources_server(config.entrypoint, cwd=cwd)
-    except NeMoGymConfigError as exc:
-        sys.stderr.write(f"error: {COMMAND_NAME}: {exc}\n")
-        sys.stderr.flush()
-        return exc.exit_code
-    sys.stdout.write(next_steps(target, cwd))
-    return 0

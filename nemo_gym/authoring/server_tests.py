@@ -43,13 +43,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, TextIO, Union
+from typing import Any, Callable, Mapping, Optional, TextIO
 
 import yaml
 from pydantic import Field, field_validator
 
 from nemo_gym import PARENT_DIR
-from nemo_gym.config.types import SERVER_TYPES, BaseNeMoGymCLIConfig, wants_help
+from nemo_gym.config.types import SERVER_TYPES, BaseNeMoGymCLIConfig
 from nemo_gym.errors import NeMoGymConfigError, closest_match
 
 TEST_COMMAND = "ng_test"
@@ -663,43 +663,16 @@ def report_server_result(result: ServerTestResult, *, validate_data: bool, out: 
 # --------------------------------------------------------------------------------------------------
 
 
-def _global_config(args: list[str], cwd: Path):
-    from nemo_gym.config.global_config import parse_global_config
-    from nemo_gym.rollouts.data_prep import POLICY_PLACEHOLDERS
-
-    return parse_global_config(
-        args, initial_global_config_dict=dict(POLICY_PLACEHOLDERS), cwd=cwd, allocate_ports=False
-    )
-
-
-def _err(message: str) -> None:
-    sys.stderr.write(f"error: {message}\n")
-    sys.stderr.flush()
-
-
-def ng_test_main(args: list[str], *, cwd: Optional[Path] = None) -> int:
-    """`ng_test` / `ng test`; returns the exit code."""
-    if wants_help(args):
-        sys.stdout.write(TestConfig.help_text(TEST_COMMAND))
-        return 0
+def run_one_server_tests(config: TestConfig, global_config: Mapping, *, cwd: Optional[Path] = None) -> int:
+    """What `ng_test` does: run one server's tests (and its data check when asked); returns pytest's exit code."""
     cwd = Path(cwd) if cwd is not None else Path.cwd()
-    try:
-        global_config = _global_config(args, cwd)
-        config = TestConfig.from_global_config(global_config)
-        server_dir = resolve_server_dir(config.entrypoint, cwd)
-    except NeMoGymConfigError as exc:
-        _err(f"{TEST_COMMAND}: {exc}")
-        return exc.exit_code
+    server_dir = resolve_server_dir(config.entrypoint, cwd)
     print(f"{TEST_COMMAND}: running the tests of {server_label(server_dir)} ({server_dir})", flush=True)
-    try:
-        result = run_server_tests(
-            server_dir, global_config, validate_data=config.should_validate_data, echo=sys.stdout, cwd=cwd
-        )
-    except KeyboardInterrupt:
-        return 130
+    result = run_server_tests(
+        server_dir, global_config, validate_data=config.should_validate_data, echo=sys.stdout, cwd=cwd
+    )
     report_server_result(result, validate_data=config.should_validate_data, out=sys.stdout, err=sys.stderr)
     return result.exit_code
-
 
 
 def discover_servers(cwd: Optional[Path] = None) -> tuple[Path, list[Path], list[Path]]:
@@ -787,20 +760,11 @@ def print_summary(results: list[ServerTestResult], out: TextIO) -> dict[str, int
     return counts
 
 
-def ng_test_all_main(args: list[str], *, cwd: Optional[Path] = None) -> int:
-    """`ng_test_all` / `ng test-all`; returns the exit code (0 only when every selected server passed)."""
-    if wants_help(args):
-        sys.stdout.write(TestAllConfig.help_text(TEST_ALL_COMMAND))
-        return 0
+def run_all_server_tests(config: TestAllConfig, global_config: Mapping, *, cwd: Optional[Path] = None) -> int:
+    """What `ng_test_all` does; returns 0 only when every selected server passed (130 when interrupted)."""
     cwd = Path(cwd) if cwd is not None else Path.cwd()
-    try:
-        global_config = _global_config(args, cwd)
-        config = TestAllConfig.from_global_config(global_config)
-        root, with_readme, without_readme = discover_servers(cwd)
-        servers = _select(with_readme, config)
-    except NeMoGymConfigError as exc:
-        _err(f"{TEST_ALL_COMMAND}: {exc}")
-        return exc.exit_code
+    root, with_readme, without_readme = discover_servers(cwd)
+    servers = _select(with_readme, config)
     if config.include is not None or config.exclude:
         without_readme = [s for s in without_readme if config.include is None or _matches(s, config.include)]
         without_readme = [s for s in without_readme if not config.exclude or not _matches(s, config.exclude)]

@@ -1,7 +1,7 @@
 """Pydantic models for the config: server references, server blocks, datasets and CLI parameters.
 
-The names match NeMo Gym v0.2 (`nemo_gym.config.types`) so environment code written for it imports
-unchanged. Everything that turns a pydantic error into a user-facing message also lives here, so
+The names match NeMo Gym v0.2 (`nemo_gym.config_types`, a re-export of this module) so environment code
+written for it imports unchanged. Everything that turns a pydantic error into a user-facing message also lives here, so
 every command reports config mistakes the same way (a `NeMoGymConfigError` naming the key and the fix).
 """
 
@@ -14,7 +14,7 @@ from enum import Enum
 from typing import Any, Literal, Mapping, Optional, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from nemo_gym.errors import NeMoGymConfigError, closest_match
 from nemo_gym.config.values import truthy
@@ -186,7 +186,8 @@ class BaseRunServerConfig(BaseServerConfig):
     num_workers: Optional[int] = None
     domain: Optional[Domain] = None
     datasets: Optional[list[DatasetConfig]] = None
-    # Our extensions (DESIGN 2.3/2.4): per-server venv isolation and "this server needs Ray".
+    # Our extensions, not in NeMo Gym v0.2: per-server venv isolation (runtime/venvs.py) and "this server needs
+    # Ray" (runtime/ray.py).
     venv_mode: Optional[Literal["shared", "isolated"]] = None
     ray: bool = False
 
@@ -202,20 +203,12 @@ class BaseRunServerInstanceConfig(BaseRunServerConfig):
 # --------------------------------------------------------------------------------------------------
 
 
-class ServerImplConfig(BaseModel):
+class ServerImplConfig(BaseRunServerConfig):
     """The implementation-level dict as it appears in YAML: host and port may still be missing
     (filled from `default_host` and the port allocator), everything else as in `BaseRunServerConfig`."""
 
-    model_config = ConfigDict(extra="allow")
-
-    entrypoint: str
     host: Optional[str] = None
     port: Optional[int] = None
-    num_workers: Optional[int] = None
-    domain: Optional[Domain] = None
-    datasets: Optional[list[DatasetConfig]] = None
-    venv_mode: Optional[Literal["shared", "isolated"]] = None
-    ray: bool = False
 
 
 class ResourcesServerImplConfig(ServerImplConfig):
@@ -348,7 +341,8 @@ def validate_server_config(
 # CLI command parameters
 # --------------------------------------------------------------------------------------------------
 
-_HELP_KEYS = ("h", "help")
+HELP_KEYS = ("h", "help")
+HELP_WIDTH = 100  # fixed, so help reads the same in every terminal and in files
 
 
 
@@ -360,7 +354,7 @@ def wants_help(cfg_or_overrides: Any) -> bool:
     if cfg_or_overrides is None:
         return False
     if isinstance(cfg_or_overrides, (DictConfig, Mapping)):
-        for key in _HELP_KEYS:
+        for key in HELP_KEYS:
             try:
                 value = cfg_or_overrides.get(key)
             except Exception:  # an unresolvable interpolation is not a request for help
@@ -377,7 +371,7 @@ def wants_help(cfg_or_overrides: Any) -> bool:
         if "=" not in text:
             continue
         key, value = text.split("=", 1)
-        if key.strip() in _HELP_KEYS and truthy(value.strip().strip("'\"")):
+        if key.strip() in HELP_KEYS and truthy(value.strip().strip("'\"")):
             return True
     return False
 
@@ -410,6 +404,36 @@ def _wrap(text: str, width: int) -> list[str]:
     return textwrap.wrap(text, width) or [""]
 
 
+def _default_text(field: Any) -> str:
+    if field.is_required():
+        return "[required]"
+    if field.default_factory is not None:
+        try:
+            return f"[default: {field.default_factory()!r}]"
+        except Exception:
+            return "[default: <factory>]"
+    value = field.default
+    if isinstance(value, Enum):
+        value = value.value
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else repr(value) if isinstance(value, str) else str(value)
+
+
+def _parameter_rows(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(key, type, default, description) per parameter; a nested model's fields get rows of their own, as the
+    dotted keys they are passed with (`head_server.port`)."""
+    rows = []
+    for name, field in model.model_fields.items():
+        shown = prefix + (field.alias or name)
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            rows.extend(_parameter_rows(annotation, f"{shown}."))
+            continue
+        rows.append((shown, _type_name(annotation), _default_text(field), field.description or ""))
+    return rows
+
+
 class BaseNeMoGymCLIConfig(BaseModel):
     """Base for each command's parameters. Parameters are top-level keys of the global config,
     passed on the CLI as `+name=value`. Subclasses document themselves with their docstring and
@@ -417,8 +441,17 @@ class BaseNeMoGymCLIConfig(BaseModel):
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
+    # The whole config the parameters were read from: commands that also need server blocks or the head server
+    # read it here, so `run(config)` gets everything in one argument.
+    _global_config: Any = PrivateAttr(default=None)
+
+    @property
+    def global_config(self) -> Any:
+        """The global config `from_global_config` read these parameters from (None when built directly)."""
+        return self._global_config
+
     @classmethod
-    def _field_keys(cls) -> dict[str, str]:
+    def parameter_keys(cls) -> dict[str, str]:
         """Map every accepted config key (field name and alias) to the field name."""
         keys: dict[str, str] = {}
         for name, field in cls.model_fields.items():
@@ -430,49 +463,52 @@ class BaseNeMoGymCLIConfig(BaseModel):
         return keys
 
     @classmethod
-    def help_text(cls, command_name: str) -> str:
-        """The command's description followed by a table of its parameters."""
+    def description(cls) -> str:
+        """The subclass's docstring, cleaned up ("" when it has none of its own)."""
         import inspect
 
-        doc = inspect.cleandoc(cls.__doc__ or "") if cls.__doc__ else ""
-        if cls.__doc__ == BaseNeMoGymCLIConfig.__doc__ and cls is not BaseNeMoGymCLIConfig:
-            doc = ""
+        if not cls.__doc__ or (cls.__doc__ == BaseNeMoGymCLIConfig.__doc__ and cls is not BaseNeMoGymCLIConfig):
+            return ""
+        return inspect.cleandoc(cls.__doc__)
+
+    @classmethod
+    def parameter_rows(cls) -> list[tuple[str, str, str, str]]:
+        """(key, type, default, description) per parameter, nested ones as dotted keys (`head_server.port`)."""
+        return _parameter_rows(cls)
+
+    @classmethod
+    def parameter_table(cls) -> list[str]:
+        """The parameters as a table: name (as `+name`), type, default, description."""
+        rows = cls.parameter_rows()
+        if not rows:
+            return ["This command has no parameters of its own (it reads the global config)."]
+        name_w = max(len("Parameter"), *(len(r[0]) + 1 for r in rows))
+        type_w = max(len("Type"), *(len(r[1]) for r in rows))
+        default_w = max(len("Default"), *(len(r[2]) for r in rows))
+        header = f"{'Parameter':<{name_w}}  {'Type':<{type_w}}  {'Default':<{default_w}}  Description"
+        lines = ["Parameters (pass as +name=value):", header, "-" * len(header)]
+        desc_col = name_w + type_w + default_w + 6
+        # Descriptions go beside the row while that leaves them room, else on indented lines of their own.
+        beside = HELP_WIDTH - desc_col >= 40
+        for shown, type_name, default, desc in rows:
+            row = f"{'+' + shown:<{name_w}}  {type_name:<{type_w}}  {default:<{default_w}}"
+            if beside:
+                desc_lines = _wrap(desc, HELP_WIDTH - desc_col)
+                lines.append(f"{row}  {desc_lines[0]}")
+                lines.extend(" " * desc_col + extra for extra in desc_lines[1:])
+            else:
+                lines.append(row.rstrip())
+                lines.extend(f"      {extra}" for extra in _wrap(desc, HELP_WIDTH - 6) if extra)
+        return lines
+
+    @classmethod
+    def help_text(cls, command_name: str) -> str:
+        """The command's description followed by a table of its parameters."""
         lines = [f"Usage: {command_name} [+name=value ...]", ""]
+        doc = cls.description()
         if doc:
             lines += [doc, ""]
-        rows = []
-        for name, field in cls.model_fields.items():
-            shown = field.alias or name
-            if field.is_required():
-                default = "[required]"
-            elif field.default_factory is not None:
-                try:
-                    default = f"[default: {field.default_factory()!r}]"
-                except Exception:
-                    default = "[default: <factory>]"
-            else:
-                value = field.default
-                if isinstance(value, Enum):
-                    value = value.value
-                default = "null" if value is None else repr(value) if isinstance(value, str) else str(value)
-                if isinstance(value, bool):
-                    default = str(value).lower()
-            rows.append((shown, _type_name(field.annotation), default, field.description or ""))
-        if not rows:
-            lines.append("This command has no parameters of its own (it reads the global config).")
-        else:
-            name_w = max(len("Parameter"), *(len(r[0]) + 1 for r in rows))
-            type_w = max(len("Type"), *(len(r[1]) for r in rows))
-            default_w = max(len("Default"), *(len(r[2]) for r in rows))
-            header = f"{'Parameter':<{name_w}}  {'Type':<{type_w}}  {'Default':<{default_w}}  Description"
-            lines += ["Parameters (pass as +name=value):", header, "-" * len(header)]
-            desc_col = name_w + type_w + default_w + 6
-            for shown, type_name, default, desc in rows:
-                desc_lines = _wrap(desc, max(30, 100 - desc_col))
-                lines.append(
-                    f"{'+' + shown:<{name_w}}  {type_name:<{type_w}}  {default:<{default_w}}  {desc_lines[0]}"
-                )
-                lines.extend(" " * desc_col + extra for extra in desc_lines[1:])
+        lines += cls.parameter_table()
         lines += ["", "Global options: +config_paths=[a.yaml,b.yaml] and any key of the global config."]
         return "\n".join(lines).rstrip() + "\n"
 
@@ -486,7 +522,7 @@ class BaseNeMoGymCLIConfig(BaseModel):
             from nemo_gym.config.global_config import get_global_config_dict
 
             cfg = get_global_config_dict()
-        keys = cls._field_keys()
+        keys = cls.parameter_keys()
         data: dict[str, Any] = {}
         for key in keys:
             if key not in cfg:
@@ -499,13 +535,15 @@ class BaseNeMoGymCLIConfig(BaseModel):
                 raise NeMoGymConfigError(f"Cannot read parameter `{key}`: {exc}") from None
             data[key] = value
         try:
-            return cls.model_validate(data)
+            parsed = cls.model_validate(data)
         except ValidationError as err:
             raise NeMoGymConfigError(cls._explain(err, list(cfg.keys()))) from None
+        parsed._global_config = cfg
+        return parsed
 
     @classmethod
     def _explain(cls, err: ValidationError, passed_keys: list) -> str:
-        field_keys = cls._field_keys()
+        field_keys = cls.parameter_keys()
         unknown = [str(k) for k in passed_keys if str(k) not in field_keys]
         problems: list[str] = []
         for e in err.errors():

@@ -10,8 +10,9 @@ Compatible with NeMo Gym v0.2 (same parameters, indices and files), with these a
   object, `responses_create_params` that the strict Responses model accepts, an agent, an agent the running
   stack has) and reports every problem as `file:line: ...` before any rollout starts. The same pass writes
   `<stem>_materialized_inputs.jsonl` (to a temporary file renamed at the end, so it is complete or absent).
-- **Failures are data.** Transport errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff and
-  jitter up to `max_attempts` attempts per rollout; a rollout that still fails becomes a line of
+- **Failures are data.** Connection errors, timeouts, HTTP 429, 503 and the other statuses that
+  `nemo_gym.http.retry` retries for idempotent requests (a /run is rerun whole) are retried with jittered
+  backoff up to `max_attempts` attempts per rollout; a rollout that still fails becomes a line of
   `<stem>_failures.jsonl` (row, error type, message, server, attempts) and the run goes on. The command exits 1
   when anything failed.
 - **Resume.** `resume_from_cache=true` (with an existing output file) reuses the materialized inputs of the first
@@ -34,21 +35,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import random
 import re
 import sys
 import time
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Optional, Union
 
-import httpx
 import orjson
 from pydantic import Field, ValidationError
 
-from nemo_gym.config.types import AGENT_SERVER_TYPE, BaseNeMoGymCLIConfig, format_validation_errors, wants_help
+from nemo_gym.rollouts.jsonl import iter_jsonl_objects
+from nemo_gym.config.types import AGENT_SERVER_TYPE, BaseNeMoGymCLIConfig, format_validation_errors
 from nemo_gym.errors import NeMoGymConfigError, did_you_mean
+
+if TYPE_CHECKING:  # imported when rollouts run: it loads the HTTP stack
+    from nemo_gym.http.retry import RetryPolicy
 
 __all__ = [
     "TASK_INDEX_KEY_NAME",
@@ -70,7 +73,6 @@ __all__ = [
     "agent_names_in_config",
     "iter_rollouts",
     "run_from_config",
-    "collect_rollouts_main",
 ]
 
 TASK_INDEX_KEY_NAME = "_ng_task_index"
@@ -125,7 +127,7 @@ class RolloutCollectionConfig(BaseNeMoGymCLIConfig):
         description="Keep the rollouts already in the output; run only missing and failed ones (no duplicates).",
     )
     max_attempts: int = Field(
-        default=3, ge=1, description="Attempts per rollout on transport errors, timeouts, HTTP 429 and 5xx."
+        default=3, ge=1, description="Attempts per rollout on connection errors, timeouts, HTTP 429, 500, 502-504."
     )
     request_timeout_s: Optional[float] = Field(
         default=None, gt=0, description="Give up on one /run attempt after this many seconds (null = no limit)."
@@ -133,7 +135,9 @@ class RolloutCollectionConfig(BaseNeMoGymCLIConfig):
     retry_backoff_s: float = Field(
         default=1.0, ge=0, description="Base of the exponential backoff between attempts (full jitter)."
     )
-    retry_backoff_max_s: float = Field(default=30.0, ge=0, description="Cap of one backoff sleep.")
+    retry_backoff_max_s: float = Field(
+        default=30.0, ge=0, description="Cap of one backoff sleep (an agent's Retry-After is honoured up to 60 s)."
+    )
     pass_threshold: float = Field(
         default=1.0, description="Reward at or above which a rollout counts as passed (for pass@k in the profile)."
     )
@@ -513,6 +517,18 @@ def read_finished_keys(path: Path) -> tuple[set[int], int]:
     bad = 0
     if not path.exists():
         return keys, bad
+
+    def count_bad() -> None:
+        nonlocal bad
+        bad += 1
+
+    for row in iter_jsonl_objects(path, count_bad):
+        task, rollout = row.get(TASK_INDEX_KEY_NAME), row.get(ROLLOUT_INDEX_KEY_NAME)
+        if isinstance(task, int) and isinstance(rollout, int):
+            keys.add(_key(task, rollout))
+        else:
+            bad += 1
+    return keys, bad
     with open(path, "rb") as f:
         for line in f:
             line = line.strip()
@@ -609,19 +625,13 @@ def _truncate(text: str, limit: int = _MESSAGE_LIMIT) -> str:
     return text if len(text) <= limit else text[:limit] + "...[truncated]"
 
 
-def _backoff(attempt: int, base: float, cap: float) -> float:
-    return random.uniform(0.0, min(cap, base * (2 ** (attempt - 1))))
-
-
 async def _run_one(
     row: dict,
     *,
     server_client: Any,
     agent_name: Optional[str],
-    max_attempts: int,
     request_timeout_s: Optional[float],
-    backoff_base: float,
-    backoff_max: float,
+    retry_policy: RetryPolicy,
 ) -> RolloutResult:
     agent = _agent_name_of(row) or agent_name
     if not agent:
@@ -630,61 +640,54 @@ async def _run_one(
         )
     from nemo_gym.http.client import ServerClient
 
-    # Our own client: one HTTP attempt per call, this loop does the retrying (so `attempts` is exact).
+    # Our own client: one HTTP attempt per call, the policy here does the retrying (so `attempts` is exact).
     extra = {"max_attempts": 1} if isinstance(server_client, ServerClient) else {}
-    attempt = 0
-    while True:
-        attempt += 1
-        status: Optional[int] = None
-        try:
-            if request_timeout_s is not None:
-                async with asyncio.timeout(request_timeout_s):
-                    response = await server_client.post(agent, "/run", json=row, **extra)
+
+    async def post() -> Any:
+        async with asyncio.timeout(request_timeout_s):
+            return await server_client.post(agent, "/run", json=row, **extra)
+
+    # A failed rollout is rerun whole on a fresh session: /run is idempotent for the retry rules.
+    outcome = await retry_policy.run(post, idempotent=True, label=f"POST /run on agent `{agent}`")
+    status: Optional[int] = None
+    exc = outcome.error
+    if type(exc) is TimeoutError and request_timeout_s is not None:  # our deadline, not a client's own timeout
+        error_type, message = "Timeout", f"/run did not answer within {request_timeout_s} s"
+    elif exc is not None:  # transport errors, unknown server id, encoding problems, a client of the caller's...
+        error_type, message = type(exc).__name__, str(exc) or repr(exc)
+    else:
+        response = outcome.result
+        status = response.status_code
+        body = response.content
+        if 200 <= status < 300:
+            try:
+                data = orjson.loads(body)
+                if not isinstance(data, dict):
+                    raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+            except Exception as bad:
+                error_type, message = "InvalidResponse", f"/run answered {status} with {bad}"
             else:
-                response = await server_client.post(agent, "/run", json=row, **extra)
-        except asyncio.CancelledError:
-            raise
-        except TimeoutError:
-            error_type, message, retryable = "Timeout", f"/run did not answer within {request_timeout_s} s", True
-        except httpx.TransportError as exc:
-            error_type, message, retryable = type(exc).__name__, str(exc) or type(exc).__name__, True
-        except Exception as exc:  # unknown server id, encoding problems, a client of the caller's...
-            error_type, message, retryable = type(exc).__name__, str(exc) or repr(exc), False
+                if TASK_INDEX_KEY_NAME in row:
+                    data[TASK_INDEX_KEY_NAME] = row[TASK_INDEX_KEY_NAME]
+                if ROLLOUT_INDEX_KEY_NAME in row:
+                    data[ROLLOUT_INDEX_KEY_NAME] = row[ROLLOUT_INDEX_KEY_NAME]
+                return RolloutResult(row, result=data, agent_name=agent, attempts=outcome.attempts)
         else:
-            status = response.status_code
-            body = response.content
-            if 200 <= status < 300:
-                try:
-                    data = orjson.loads(body)
-                    if not isinstance(data, dict):
-                        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-                except Exception as exc:
-                    error_type, message, retryable = "InvalidResponse", f"/run answered {status} with {exc}", False
-                else:
-                    if TASK_INDEX_KEY_NAME in row:
-                        data[TASK_INDEX_KEY_NAME] = row[TASK_INDEX_KEY_NAME]
-                    if ROLLOUT_INDEX_KEY_NAME in row:
-                        data[ROLLOUT_INDEX_KEY_NAME] = row[ROLLOUT_INDEX_KEY_NAME]
-                    return RolloutResult(row, result=data, agent_name=agent, attempts=attempt)
-            else:
-                text = body.decode("utf-8", errors="replace")
-                error_type = "HTTPError"
-                message = f"POST /run on agent `{agent}` answered HTTP {status}: {text}"
-                retryable = status == 429 or status >= 500
-        if not retryable or attempt >= max_attempts:
-            if extra:  # our client was told to try once: its "after 1 attempt" would contradict `attempts`
-                message = message.replace(" failed after 1 attempt:", " failed:")
-            message = _truncate(message)
-            return RolloutResult(
-                row,
-                error_type=error_type,
-                message=message,
-                status_code=status,
-                server=_failing_server(message, agent),
-                agent_name=agent,
-                attempts=attempt,
-            )
-        await asyncio.sleep(_backoff(attempt, backoff_base, backoff_max))
+            text = body.decode("utf-8", errors="replace")
+            error_type = "HTTPError"
+            message = f"POST /run on agent `{agent}` answered HTTP {status}: {text}"
+    if extra:  # our client was told to try once: its "after 1 attempt" would contradict `attempts`
+        message = message.replace(" failed after 1 attempt:", " failed:")
+    message = _truncate(message)
+    return RolloutResult(
+        row,
+        error_type=error_type,
+        message=message,
+        status_code=status,
+        server=_failing_server(message, agent),
+        agent_name=agent,
+        attempts=outcome.attempts,
+    )
 
 
 class _WorkerDone:
@@ -722,13 +725,15 @@ async def iter_rollouts(
     `agent_name`. `server_client`: a `ServerClient` (e.g. `ServerClient.load_from_global_config()`) or anything with
     an async `post(server_name, path, json=...)` returning an httpx-like response.
 
-    Failures are yielded, not raised: transport errors, timeouts (`request_timeout_s` per attempt), HTTP 429 and
-    5xx are retried with exponential backoff and full jitter up to `max_attempts` attempts; other statuses, a
-    non-JSON answer or a row without agent fail at once. An exception raised by `rows` itself propagates.
+    Failures are yielded, not raised: what `nemo_gym.http.retry` retries for an idempotent request (connection
+    errors, timeouts - `request_timeout_s` per attempt -, HTTP 429, 500, 502, 503, 504, ...) is retried with
+    jittered backoff (`Retry-After` honoured) up to `max_attempts` attempts; other statuses, a non-JSON answer
+    or a row without agent fail at once. An exception raised by `rows` itself propagates.
     Closing the iterator early cancels the rollouts in flight.
     """
-    if max_attempts < 1:
-        raise ValueError("max_attempts must be >= 1")
+    from nemo_gym.http.retry import RetryPolicy
+
+    retry_policy = RetryPolicy(max_attempts, retry_backoff_s, retry_backoff_max_s)
     limit = int(num_samples_in_parallel or DEFAULT_MAX_IN_FLIGHT)
     if limit < 1:
         raise ValueError("num_samples_in_parallel must be >= 1")
@@ -738,10 +743,8 @@ async def iter_rollouts(
     options = dict(
         server_client=server_client,
         agent_name=agent_name,
-        max_attempts=max_attempts,
         request_timeout_s=request_timeout_s,
-        backoff_base=retry_backoff_s,
-        backoff_max=retry_backoff_max_s,
+        retry_policy=retry_policy,
     )
 
     async def work() -> None:
@@ -1087,23 +1090,3 @@ def _print_outcome(outcome: CollectionOutcome) -> None:
         )
     sys.stdout.flush()
 
-
-COMMAND_NAME = "ng_collect_rollouts"
-
-
-def collect_rollouts_main(args: list[str]) -> int:
-    """`ng_collect_rollouts` / `ng collect`: parse the overrides, validate, collect. Returns the exit code."""
-    if wants_help(args):
-        sys.stdout.write(RolloutCollectionConfig.help_text(COMMAND_NAME))
-        return 0
-    try:
-        from nemo_gym.config.global_config import get_head_server_config, parse_global_config
-
-        cfg = parse_global_config(args, allocate_ports=False)
-        config = RolloutCollectionConfig.from_global_config(cfg)
-        return run_from_config(config, head_server_config=get_head_server_config(cfg))
-    except NeMoGymConfigError as exc:
-        _err(f"{COMMAND_NAME}: {exc}")
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return 130

@@ -80,7 +80,6 @@ from nemo_gym.config.types import (
     BaseNeMoGymCLIConfig,
     DatasetConfig,
     format_validation_errors,
-    wants_help,
 )
 from nemo_gym.errors import NeMoGymConfigError
 
@@ -100,7 +99,6 @@ __all__ = [
     "compare_metrics",
     "round_metric",
     "prepare_data",
-    "prepare_data_main",
     "POLICY_PLACEHOLDERS",
 ]
 
@@ -1027,38 +1025,3 @@ def prepare_data(
         _say(f"{t}: {counts[t]} row(s) -> {collated_paths[t]} (metrics: {output_dir / f'{t}_metrics.json'})")
     return collated_paths
 
-
-def prepare_data_main(args: list[str]) -> int:
-    """`ng_prepare_data` with Hydra-style overrides; returns the exit code (0, or 2 on user errors)."""
-    if wants_help(args):
-        print(TrainDataProcessorConfig.help_text("ng_prepare_data"), end="")
-        return 0
-    from nemo_gym.config.global_config import parse_global_config
-
-    try:
-        global_config = parse_global_config(
-            args, initial_global_config_dict=dict(POLICY_PLACEHOLDERS), allocate_ports=False
-        )
-        if wants_help(global_config):
-            print(TrainDataProcessorConfig.help_text("ng_prepare_data"), end="")
-            return 0
-        config = TrainDataProcessorConfig.from_global_config(global_config)
-        prepare_data(config, global_config)
-    except NeMoGymConfigError as err:
-        sys.stderr.write(f"error: ng_prepare_data: {err}\n")
-        sys.stderr.flush()
-        return err.exit_code
-    except OSError as err:  # a file we must read or write: say which, no traceback
-        where = f" {err.filename}" if getattr(err, "filename", None) else ""
-        sys.stderr.write(f"error: ng_prepare_data: cannot access{where}: {err.strerror or err}\n")
-        sys.stderr.flush()
-        return 1
-    return 0
-
-
-def main() -> None:  # pragma: no cover - console-script shim
-    sys.exit(prepare_data_main(sys.argv[1:]))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -13,10 +13,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field
 
-from nemo_gym.config.types import BaseNeMoGymCLIConfig, wants_help
+from nemo_gym.config.types import BaseNeMoGymCLIConfig
 from nemo_gym.errors import NeMoGymConfigError
-
-COMMAND_NAME = "ng_e2e_collect_rollouts"
 
 
 class E2ERolloutCollectionConfig(BaseNeMoGymCLIConfig):
@@ -41,19 +39,13 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def e2e_collect_rollouts_main(args: list[str]) -> int:
-    if wants_help(args):
-        sys.stdout.write(E2ERolloutCollectionConfig.help_text(COMMAND_NAME))
-        return 0
-    from nemo_gym.config.global_config import get_head_server_config, parse_global_config
+def e2e_collect_rollouts(params: E2ERolloutCollectionConfig, cfg: Any) -> int:
+    """Prepare, start, collect, stop; returns the exit code. `cfg` is the global config (ports allocated)."""
+    from nemo_gym.config.global_config import get_head_server_config
     from nemo_gym.runtime.launcher import RunHelper, ServerCrashed
     from nemo_gym.rollouts.collection import RolloutCollectionConfig, run_from_config
     from nemo_gym.rollouts.data_prep import TrainDataProcessorConfig, prepare_data
 
-    cfg = parse_global_config(
-        args, initial_global_config_dict={"policy_base_url": "", "policy_api_key": "", "policy_model_name": ""}
-    )
-    params = E2ERolloutCollectionConfig.from_global_config(cfg)
     output = Path(params.output_jsonl_fpath)
     prepared_dir = output.parent / "preprocessed_datasets"
     mode = "example_validation" if params.split == "example" else "train_preparation"

@@ -37,13 +37,13 @@ from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import orjson
 from pydantic import Field
 
-from nemo_gym.config.types import BaseNeMoGymCLIConfig, wants_help
-from nemo_gym.errors import NeMoGymConfigError
+from nemo_gym.rollouts.jsonl import iter_jsonl_objects
+from nemo_gym.config.types import BaseNeMoGymCLIConfig
 
 __all__ = [
     "RewardProfileConfig",
@@ -55,7 +55,6 @@ __all__ = [
     "compute_profile",
     "profile_rollouts",
     "print_profile_table",
-    "reward_profile_main",
 ]
 
 TASK_INDEX_KEY_NAME = "_ng_task_index"
@@ -230,23 +229,6 @@ class ProfileSummary:
     agent_metrics_path: Optional[Path] = None
 
 
-def _read_jsonl(path: Path, on_bad: Callable[[], None]) -> Iterator[dict]:
-    with open(path, "rb") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                on_bad()
-                continue
-            if isinstance(row, dict):
-                yield row
-            else:
-                on_bad()
-
-
 def _profile_core(
     materialized_rows: Iterable[Mapping[str, Any]],
     rollouts: Iterable[Mapping[str, Any]],
@@ -396,8 +378,8 @@ def profile_rollouts(
             out.write(orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
 
         _profile_core(
-            _read_jsonl(materialized_inputs_path, bad),
-            _read_jsonl(rollouts_path, bad),
+            iter_jsonl_objects(materialized_inputs_path, bad),
+            iter_jsonl_objects(rollouts_path, bad),
             pass_threshold=pass_threshold,
             write_task_line=write,
             summary=summary,
@@ -463,34 +445,3 @@ def print_profile_table(summary: ProfileSummary, console: Any = None) -> None:
         return
     console.print(table)
 
-
-COMMAND_NAME = "ng_reward_profile"
-
-
-def _resolve(path_str: str, key: str) -> Path:
-    path = Path(path_str).expanduser()
-    if not path.is_file():
-        raise NeMoGymConfigError(f"File not found: {path} (+{key}).")
-    return path
-
-
-def reward_profile_main(args: list[str]) -> int:
-    """`ng_reward_profile` / `ng profile`. Returns the exit code."""
-    if wants_help(args):
-        sys.stdout.write(RewardProfileConfig.help_text(COMMAND_NAME))
-        return 0
-    try:
-        from nemo_gym.config.global_config import parse_global_config
-
-        cfg = parse_global_config(args, allocate_ports=False)
-        config = RewardProfileConfig.from_global_config(cfg)
-        materialized = _resolve(config.materialized_inputs_jsonl_fpath, "materialized_inputs_jsonl_fpath")
-        rollouts = _resolve(config.rollouts_jsonl_fpath, "rollouts_jsonl_fpath")
-        summary = profile_rollouts(materialized, rollouts, pass_threshold=config.pass_threshold)
-    except NeMoGymConfigError as exc:
-        sys.stderr.write(f"{COMMAND_NAME}: {exc}\n")
-        return exc.exit_code
-    print_profile_table(summary)
-    print(f"Reward profiling: {summary.reward_profiling_path}")
-    print(f"Agent metrics:    {summary.agent_metrics_path}")
-    return 0

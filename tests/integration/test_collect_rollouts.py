@@ -21,11 +21,7 @@ from nemo_gym.testing.stack import ChildProcess, NgRunStack, server_instances
 from tests.conftest import FIXTURE_STACK, free_port, wait_http_ok
 
 SCRIPT = FIXTURE_STACK / "scripts" / "collect.jsonl"
-COLLECT = [
-    sys.executable,
-    "-c",
-    "import sys; from nemo_gym.rollouts.collection import collect_rollouts_main; sys.exit(collect_rollouts_main(sys.argv[1:]))",
-]
+COLLECT = [sys.executable, "-c", "from nemo_gym.cli import collect_rollouts; collect_rollouts()"]
 T, R = "_ng_task_index", "_ng_rollout_index"
 GATED = "gated_counter_resources_server"
 

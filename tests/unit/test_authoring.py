@@ -28,8 +28,18 @@ def _fast_pytest_subprocesses(monkeypatch):
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
 
 
+def ng(name: str, cwd: Path, *args: str) -> int:
+    """Run the command `ng_<name> args...` (in this process) from the folder `cwd`; returns its exit code."""
+    previous = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return cli.find_command(name).main(list(args))
+    finally:
+        os.chdir(previous)
+
+
 def init(tmp_path: Path, *args: str) -> int:
-    return scaffold.init_resources_server_main(list(args), cwd=tmp_path)
+    return ng("init_resources_server", tmp_path, *args)
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
@@ -240,7 +250,7 @@ def test_scaffold_own_tests_pass(tmp_path):
 def test_scaffold_passes_ng_test_with_data_validation(tmp_path, capsys):
     assert init(tmp_path, "+entrypoint=resources_servers/my_env") == 0
     capsys.readouterr()
-    code = st.ng_test_main(["+entrypoint=resources_servers/my_env", "+should_validate_data=true"], cwd=tmp_path)
+    code = ng("test", tmp_path, "+entrypoint=resources_servers/my_env", "+should_validate_data=true")
     out = capsys.readouterr().out
     assert code == 0, out
     assert "tests passed" in out and "example data OK" in out and "MyEnvVerifyRequest" in out
@@ -280,14 +290,12 @@ def test_scaffold_runs_end_to_end_with_ng_run_and_ng_collect_rollouts(tmp_path):
     assert all(r["called_tool"] for r in rows)
 
 
-def test_cli_wiring(tmp_path, monkeypatch, capsys):
-    assert not cli.NOT_AVAILABLE
-    monkeypatch.chdir(tmp_path)
-    assert cli.HANDLERS["init_resources_server"](["+entrypoint=resources_servers/via_cli"]) == 0
+def test_cli_wiring(tmp_path, capsys):
+    assert ng("init_resources_server", tmp_path, "+entrypoint=resources_servers/via_cli") == 0
     assert (tmp_path / "resources_servers/via_cli/app.py").is_file()
-    assert cli.HANDLERS["init_resources_server"](["+entrypoint=resources_servers/via_cli"]) == 2
+    assert ng("init_resources_server", tmp_path, "+entrypoint=resources_servers/via_cli") == 2
     for command, text in (("test", "+should_validate_data"), ("test_all", "+fail_on_total_and_test_mismatch")):
-        assert cli.HANDLERS[command](["+h=true"]) == 0
+        assert ng(command, tmp_path, "+h=true") == 0
         assert text in capsys.readouterr().out
 
 
@@ -305,7 +313,7 @@ def test_ng_init_typer_subcommand(tmp_path, monkeypatch):
 
 def test_ng_test_passing_server(tmp_path, capsys):
     make_server(tmp_path, "good")
-    assert st.ng_test_main(["+entrypoint=resources_servers/good"], cwd=tmp_path) == 0
+    assert ng("test", tmp_path, "+entrypoint=resources_servers/good") == 0
     out = capsys.readouterr().out
     assert "1 passed" in out  # pytest's own output is shown
     assert "resources_servers/good: tests passed" in out and sys.executable in out
@@ -313,7 +321,7 @@ def test_ng_test_passing_server(tmp_path, capsys):
 
 def test_ng_test_failing_server_says_which_and_how_to_rerun(tmp_path, capsys):
     server = make_server(tmp_path, "bad", test=FAILING_TEST)
-    assert st.ng_test_main([f"+entrypoint={server}"], cwd=tmp_path) == 1  # pytest's exit code
+    assert ng("test", tmp_path, f"+entrypoint={server}") == 1  # pytest's exit code
     captured = capsys.readouterr()
     assert "arithmetic is off" in captured.out
     assert "resources_servers/bad: tests FAILED (pytest exit code 1)" in captured.err
@@ -322,17 +330,17 @@ def test_ng_test_failing_server_says_which_and_how_to_rerun(tmp_path, capsys):
 
 def test_ng_test_server_without_tests(tmp_path, capsys):
     make_server(tmp_path, "empty", test=None)
-    assert st.ng_test_main(["+entrypoint=resources_servers/empty"], cwd=tmp_path) == 5
+    assert ng("test", tmp_path, "+entrypoint=resources_servers/empty") == 5
     assert "no tests were collected" in capsys.readouterr().err
 
 
 def test_ng_test_unknown_folder(tmp_path, capsys):
     make_server(tmp_path, "good")
-    assert st.ng_test_main(["+entrypoint=resources_servers/nope"], cwd=tmp_path) == 2
+    assert ng("test", tmp_path, "+entrypoint=resources_servers/nope") == 2
     assert "No server folder resources_servers/nope" in capsys.readouterr().err
-    assert st.ng_test_main(["+entrypoint=good"], cwd=tmp_path) == 2
+    assert ng("test", tmp_path, "+entrypoint=good") == 2
     assert "Did you mean +entrypoint=resources_servers/good?" in capsys.readouterr().err
-    assert st.ng_test_main([], cwd=tmp_path) == 2
+    assert ng("test", tmp_path) == 2
     assert "missing required parameter `+entrypoint=...`" in capsys.readouterr().err
 
 
@@ -368,7 +376,7 @@ def test_ng_test_uses_the_isolated_venv(tmp_path, monkeypatch, capsys, where):
     args = ["+entrypoint=resources_servers/iso", "+should_validate_data=true"]
     if where == "global":
         args.append("+venv_mode=isolated")
-    assert st.ng_test_main(args, cwd=tmp_path) == 0, capsys.readouterr()
+    assert ng("test", tmp_path, *args) == 0, capsys.readouterr()
     assert seen["mode"] == "isolated"
     recorded = calls.read_text()
     assert "-m pytest" in recorded  # the tests ran with the venv's python
@@ -389,7 +397,7 @@ def test_ng_test_isolated_venv_without_pytest(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("nemo_gym.runtime.venvs.find_uv", lambda: str(failing_uv))
     monkeypatch.setattr(st, "_has_pytest", lambda python: False)
     make_server(tmp_path, "nopytest")
-    assert st.ng_test_main(["+entrypoint=resources_servers/nopytest"], cwd=tmp_path) == 1
+    assert ng("test", tmp_path, "+entrypoint=resources_servers/nopytest") == 1
     err = capsys.readouterr().err
     assert "resources_servers/nopytest" in err and "network unreachable" in err
     assert "Add `pytest` to the server's requirements.txt" in err
@@ -444,15 +452,9 @@ def test_data_validation_hint_command_really_creates_the_metrics(tmp_path):
     command = problem.split("Create it with: ", 1)[1]
     import shlex
 
-    args = shlex.split(command)[1:]
-    from nemo_gym.rollouts.data_prep import prepare_data_main
-
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        assert prepare_data_main(args) == 0
-    finally:
-        os.chdir(cwd)
+    script, *args = shlex.split(command)
+    assert script == "ng_prepare_data"
+    assert ng("prepare_data", tmp_path, *args) == 0
     assert st.validate_example_data(server, cwd=tmp_path).passed
 
 
@@ -487,7 +489,7 @@ def test_data_validation_unloadable_verify_model(tmp_path):
 def test_ng_test_data_failure_exit_code_and_message(tmp_path, capsys):
     rows = [row(0), row(1), json.dumps({"responses_create_params": {"input": "q"}, "expected_answer": "x"})]
     make_server(tmp_path, "tiny", rows=rows, metrics=None)
-    code = st.ng_test_main(["+entrypoint=resources_servers/tiny", "+should_validate_data=true"], cwd=tmp_path)
+    code = ng("test", tmp_path, "+entrypoint=resources_servers/tiny", "+should_validate_data=true")
     assert code == 1
     captured = capsys.readouterr()
     assert "resources_servers/tiny: tests passed" in captured.out  # tests ran and passed; the data did not
@@ -500,7 +502,7 @@ def test_ng_test_data_failure_exit_code_and_message(tmp_path, capsys):
 def test_ng_test_data_validation_is_for_resources_servers_only(tmp_path, capsys):
     make_server(tmp_path, "agent_x", server_type="responses_api_agents", metrics=None)
     args = ["+entrypoint=responses_api_agents/agent_x", "+should_validate_data=true"]
-    assert st.ng_test_main(args, cwd=tmp_path) == 0
+    assert ng("test", tmp_path, *args) == 0
     assert "applies to resources servers only" in capsys.readouterr().out
 
 
@@ -521,7 +523,7 @@ def test_ng_test_all_table_and_exit_code(tmp_path, capsys):
     make_server(tmp_path, "untested", server_type="responses_api_models", test=None)
     make_server(tmp_path, "no_readme", readme=False)
 
-    assert st.ng_test_all_main([LOGS], cwd=tmp_path) == 1
+    assert ng("test_all", tmp_path, LOGS) == 1
     out = capsys.readouterr().out
     assert "4 server(s) under" in out and str(tmp_path) in out
     progress = [line for line in out.splitlines() if re.match(r"\[\d/4\] \S+: ", line)]  # one per server when done
@@ -548,20 +550,20 @@ def test_ng_test_all_table_and_exit_code(tmp_path, capsys):
 def test_ng_test_all_include_exclude(tmp_path, capsys):
     make_server(tmp_path, "good")
     make_server(tmp_path, "broken", test=FAILING_TEST)
-    assert st.ng_test_all_main(["+include=[good]", LOGS], cwd=tmp_path) == 0
+    assert ng("test_all", tmp_path, "+include=[good]", LOGS) == 0
     out = capsys.readouterr().out
     assert "1 server(s)" in out and "broken" not in out
     assert re.search(r"│ passed\s+│\s+1 │\s+100\.0% │", out)
-    assert st.ng_test_all_main(["+exclude=[resources_servers/broken]", LOGS], cwd=tmp_path) == 0
+    assert ng("test_all", tmp_path, "+exclude=[resources_servers/broken]", LOGS) == 0
     capsys.readouterr()
-    assert st.ng_test_all_main(["+include=[godo]", LOGS], cwd=tmp_path) == 2
+    assert ng("test_all", tmp_path, "+include=[godo]", LOGS) == 2
     assert "did you mean 'good'?" in capsys.readouterr().err
 
 
 def test_ng_test_all_fail_fast(tmp_path, capsys):
     make_server(tmp_path, "a_broken", test=FAILING_TEST)
     make_server(tmp_path, "b_good")
-    assert st.ng_test_all_main(["+fail_fast=true", LOGS], cwd=tmp_path) == 1
+    assert ng("test_all", tmp_path, "+fail_fast=true", LOGS) == 1
     out = capsys.readouterr().out
     assert "stopping at the first failure" in out
     assert "not run" in _table_row(out, "resources_servers/b_good")
@@ -571,9 +573,9 @@ def test_ng_test_all_fail_fast(tmp_path, capsys):
 def test_ng_test_all_total_and_test_mismatch(tmp_path, capsys):
     make_server(tmp_path, "good")
     make_server(tmp_path, "no_readme", readme=False)
-    assert st.ng_test_all_main([LOGS], cwd=tmp_path) == 0
+    assert ng("test_all", tmp_path, LOGS) == 0
     assert "1 tested of 2 server folders" in capsys.readouterr().out
-    assert st.ng_test_all_main(["+fail_on_total_and_test_mismatch=true", LOGS], cwd=tmp_path) == 1
+    assert ng("test_all", tmp_path, "+fail_on_total_and_test_mismatch=true", LOGS) == 1
     err = capsys.readouterr().err
     assert "1 tested of 2 server folders" in err and "resources_servers/no_readme" in err
 

@@ -1,74 +1,283 @@
-"""The CLI as a user meets it: console scripts, `ng --help`, `+h=true`, version, dump-config, clean errors."""
+"""The CLI as a user meets it: every command as `ng_<name>`, `nemo_gym_<name>` and `ng <verb>`, the same help on
+every form, `ng help`, unknown keys refused with a did-you-mean, one error path, shell completion."""
 
+import io
 import json
+import os
+import pkgutil
 import subprocess
 import sys
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import redirect_stdout
 from importlib import import_module
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from nemo_gym import cli
+from nemo_gym.cli import commands as commands_package
+from nemo_gym.cli.command import Command
+from nemo_gym.cli.ng import completions
+from nemo_gym.config.known_keys import FRAMEWORK_KEYS, GlobalKeys, check_known_keys, referenced_keys
+from nemo_gym.config.overrides import parse_overrides
+from nemo_gym.config.types import BaseNeMoGymCLIConfig
+from nemo_gym.errors import NeMoGymConfigError
 
 REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+NG = "from nemo_gym.cli import app; app(prog_name='ng')"
 
 
-def run_cli(entry: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_script(name: str, *args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A console script as installed: `ng` or `ng_<name>`, run through its pyproject.toml target."""
+    module, func = SCRIPTS[name].split(":")
+    code = NG if name == "ng" else f"from {module} import {func}; {func}()"
     return subprocess.run(
-        [sys.executable, "-c", f"from nemo_gym.cli import {entry}; {entry}()", *args],
+        [sys.executable, "-c", code, *args],
         cwd=cwd or REPO,
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, **(env or {})},
     )
 
 
+# ------------------------------------------------------------------------------------------- the registry
+
+
+def test_every_command_has_every_form():
+    names = [c.name for c in cli.COMMANDS]
+    verbs = [c.verb for c in cli.COMMANDS]
+    assert len(set(names)) == len(names) and len(set(verbs)) == len(verbs)
+    for command in cli.COMMANDS:
+        for script in (f"ng_{command.name}", f"nemo_gym_{command.name}"):
+            module, func = SCRIPTS[script].split(":")
+            assert getattr(import_module(module), func).__name__ == command.name, script
+        assert issubclass(command.config_model, BaseNeMoGymCLIConfig), command.name
+        assert cli.find_command(command.verb) is cli.find_command(command.name) is command
+        assert cli.find_command(command.script) is command
+    result = CliRunner().invoke(cli.app, ["--help"])
+    assert result.exit_code == 0
+    for verb in verbs:
+        assert verb in result.stdout
+
+
 def test_every_console_script_has_a_twin_and_an_importable_target():
-    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    for name, target in scripts.items():
+    for name, target in SCRIPTS.items():
         module, func = target.split(":")
         assert callable(getattr(import_module(module), func)), name
         if name.startswith("ng_"):
-            assert scripts["nemo_gym_" + name[3:]] == target
-    expected = {f"ng_{c}" for c in cli.COMMANDS}
-    assert expected <= set(scripts)
+            assert SCRIPTS["nemo_gym_" + name[3:]] == target
+    # NeMo Gym v0.2's target names.
+    for func in ("run", "status", "dump_config", "display_help", "version", "test", "test_all",
+                 "init_resources_server", "e2e_rollout_collection"):
+        assert callable(getattr(cli, func)), func
+    assert cli.e2e_rollout_collection.__name__ == "e2e_collect_rollouts"
 
 
-def test_ng_help_lists_every_subcommand():
-    result = CliRunner().invoke(cli.app, ["--help"])
-    assert result.exit_code == 0
-    for typer_name in cli.TYPER_NAMES.values():
-        assert typer_name in result.output
+def test_every_command_module_is_registered():
+    """A command written under nemo_gym/cli/commands/ but left out of the registry would be unreachable."""
+    for info in pkgutil.iter_modules(commands_package.__path__):
+        module = import_module(f"{commands_package.__name__}.{info.name}")
+        defined = [v for v in vars(module).values() if isinstance(v, Command)]
+        assert defined, info.name
+        assert all(c in cli.COMMANDS for c in defined), info.name
+
+
+# ------------------------------------------------------------------------------------------------- help
+
+
+def call_script(name: str, *args: str) -> tuple[int, str]:
+    """A console script's pyproject.toml target called in this process (`ng` through typer's runner):
+    (exit code, stdout)."""
+    if name == "ng":
+        result = CliRunner().invoke(cli.app, list(args))
+        return result.exit_code, result.stdout
+    module, func = SCRIPTS[name].split(":")
+    saved, sys.argv = sys.argv, [name, *args]
+    try:
+        with pytest.raises(SystemExit) as exited, redirect_stdout(io.StringIO()) as out:
+            getattr(import_module(module), func)()
+    finally:
+        sys.argv = saved
+    return exited.value.code, out.getvalue()
+
+
+def test_the_same_help_on_every_form_of_every_command():
+    for command in cli.COMMANDS:
+        forms = [
+            ("ng", command.verb, "--help"),
+            ("ng", command.verb, "+h=true"),
+            ("ng", "help", command.verb),
+            (f"ng_{command.name}", "+h=true"),
+            (f"nemo_gym_{command.name}", "--help"),
+            (f"ng_{command.name}", "-h"),
+        ]
+        for form in forms:
+            assert call_script(*form) == (0, command.help_text()), form
+        text = command.help_text()
+        assert text.startswith(f"ng_{command.name}: {command.summary}\n")
+        assert f"ng {command.verb}" in text and "++key=value" in text
+        for name, field in command.config_model.model_fields.items():
+            assert f"+{field.alias or name}" in text, (command.name, name)
+
+
+def test_the_same_help_from_the_installed_scripts():
+    """Real processes, as a shell runs them."""
+    forms = [("ng", "collect", "--help"), ("ng_collect_rollouts", "+h=true"), ("ng", "help", "collect")]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(lambda form: run_script(*form), forms))
+    for result in results:
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == cli.find_command("collect").help_text()
+
+
+def test_help_of_run_describes_the_global_keys():
+    text = cli.find_command("run").help_text()
+    for key in ("+config_paths", "+default_host", "+head_server.host", "+head_server.port", "+port_range_low",
+                "+venv_mode", "+skip_venv_if_present", "+uv_cache_dir", "+ray_head_node_address", "+dry_run",
+                "+ready_timeout_s"):
+        assert key in text, key
+    assert 'ng_run "+config_paths=[configs/quickstart.yaml]"' in text
+
+
+def test_ng_help_lists_every_command():
+    for result in (run_script("ng", "help"), run_script("ng_help")):
+        assert result.returncode == 0, result.stderr
+        for command in cli.COMMANDS:
+            assert f"ng {command.verb} " in result.stdout and f"ng_{command.name}" in result.stdout
+            assert command.summary in result.stdout
+
+
+def test_ng_help_of_an_unknown_command_suggests_one(capsys):
+    assert cli.find_command("help").main(["colect"]) == 2
+    assert "error: ng_help: no command `colect`. Did you mean `collect`?" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------- unknown keys
+
+COLLECT_ARGS = ("+agent_name=x", "+input_jsonl_fpath=a.jsonl", "+output_jsonl_fpath=b.jsonl")
+
+
+def test_misspelled_key_of_collect_rollouts_fails_with_a_suggestion(tmp_path):
+    for script in ("ng_collect_rollouts", "ng"):
+        args = ("collect",) if script == "ng" else ()
+        result = run_script(script, *args, "+num_repeat=3", *COLLECT_ARGS, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("error: ng_collect_rollouts: unknown key `+num_repeat`. ")
+        assert "Did you mean `+num_repeats`?" in result.stderr
+        assert "`++num_repeat=...`" in result.stderr  # how to pass it anyway
+        assert "Traceback" not in result.stderr and result.stdout == ""
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
+def test_misspelled_keys_of_run_and_reward_profile_fail_with_a_suggestion(capsys):
+    from tests.conftest import FIXTURE_STACK, free_port
+
+    # policy_base_url is known because the stack's model config interpolates it.
+    result = run_script("ng_run", "+config_paths=[configs/stack.yaml]", f"+head_server.port={free_port()}",
+                        "+dry_rn=true", "+policy_base_ur=http://x", cwd=FIXTURE_STACK)
+    assert result.returncode == 2
+    assert "error: ng_run: unknown keys" in result.stderr
+    assert "  - `+dry_rn`. Did you mean `+dry_run`?\n" in result.stderr
+    assert "  - `+policy_base_ur`. Did you mean `+policy_base_url`?\n" in result.stderr
+    assert "servers ready" not in result.stdout and "Traceback" not in result.stderr
+
+    profile = cli.find_command("reward_profile")
+    args = ["+materialized_inputs_jsonl_fpath=m.jsonl", "+rollouts_jsonl_fpath=r.jsonl", "+pass_treshold=0.5"]
+    assert profile.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ng_reward_profile: unknown key `+pass_treshold`. Did you mean `+pass_threshold`?")
+
+
+def test_several_unknown_keys_are_reported_together(capsys):
+    assert cli.find_command("version").main(["+jsn=true", "colour=red"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown keys" in err and "`+jsn`. Did you mean `+json`?" in err and "`colour`." in err
+
+
+def test_keys_from_config_files_interpolations_and_plus_plus_are_accepted(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text("my_setting: 1\nuses: ${my_ref}\n")
+    (tmp_path / "env.yaml").write_text("from_env: 2\n")
+    dump = cli.find_command("dump_config")
+    os.chdir(tmp_path)
+    try:
+        args = ["+config_paths=[c.yaml]", "+my_setting=5", "+my_ref=x", "+from_env=3", "++brand_new=1",
+                "+head_server.port=12345", "+h_not_help=1"]
+        assert dump.main(args[:-1]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert "my_setting: 5" in out and "uses: x" in out and "from_env: 3" in out and "brand_new: 1" in out
+        assert dump.main(args) == 2  # the last one is unknown
+        assert "unknown key `+h_not_help`" in capsys.readouterr().err
+    finally:
+        os.chdir(REPO)
+
+
+def test_check_known_keys_rules():
+    def check(*args, params=(), cfg=None):
+        check_known_keys(parse_overrides(list(args)), command_name="ng_x", parameters=params, global_config=cfg)
+
+    check("+a=1", "a.b=2", params=["a"])  # nested keys under a known key are not checked
+    check("+h=true", "+config_paths=[]", "+policy_api_key=k", "+venv_mode=isolated", "+entrypoint=x")
+    check("++anything=1", "~gone")
+    with pytest.raises(NeMoGymConfigError, match=r"unknown key `alpah`\. Did you mean `alpha`\?.*of ng_x or a"):
+        check("alpah=1", params=["alpha"])
+
+
+def test_referenced_keys():
+    cfg = {"a": "${x}", "b": ["${y.z}", {"c": "pre ${w[0]} ${oc.env:HOME} ${oc.select:v.q,1} ${.rel}"}]}
+    assert referenced_keys(cfg) == {"x", "y", "w", "v"}
+
+
+def test_global_keys_defaults_match_the_code():
+    from nemo_gym.config.global_config import NEMO_GYM_RESERVED_TOP_LEVEL_KEYS
+    from nemo_gym.http.client import DEFAULT_CONNECTOR_LIMIT, DEFAULT_CONNECTOR_LIMIT_PER_HOST
+    from nemo_gym.runtime.launcher import DEFAULT_READY_TIMEOUT_S
+
+    fields = GlobalKeys.model_fields
+    assert fields["ready_timeout_s"].default == DEFAULT_READY_TIMEOUT_S
+    assert fields["global_aiohttp_connector_limit"].default == DEFAULT_CONNECTOR_LIMIT
+    assert fields["global_aiohttp_connector_limit_per_host"].default == DEFAULT_CONNECTOR_LIMIT_PER_HOST
+    assert set(NEMO_GYM_RESERVED_TOP_LEVEL_KEYS) <= FRAMEWORK_KEYS
+
+
+# ------------------------------------------------------------------------------------ errors and exit codes
+
+
+def _command(run) -> Command:
+    return Command(name="demo", verb="demo", summary="A demo.", model=BaseNeMoGymCLIConfig, run=run,
+                   reads_config_files=False)
+
+
+def test_one_error_path(capsys):
+    def config_error(config):
+        raise NeMoGymConfigError("bad value")
+
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    def missing_file(config):
+        open("/nonexistent/file.jsonl")
+
+    assert _command(config_error).main([]) == 2
+    assert capsys.readouterr().err == "error: ng_demo: bad value\n"
+    assert _command(interrupted).main([]) == 130
+    assert _command(missing_file).main([]) == 1
+    err = capsys.readouterr().err
+    assert err == "error: ng_demo: cannot access /nonexistent/file.jsonl: No such file or directory\n"
+    assert _command(lambda config: 7).main([]) == 7
+    result = CliRunner().invoke(cli.app, ["version", "+jsn=true"])
+    assert result.exit_code == 2 and "error: ng_version: unknown key" in result.output
 
 
 def test_ng_subcommand_runs_the_same_handler():
     result = CliRunner().invoke(cli.app, ["version", "+json=true"])
     assert result.exit_code == 0, result.output
-    info = json.loads(result.output)
+    info = json.loads(result.stdout)
     assert set(info) == {"nemo_gym", "python", "python_path", "installation_path", "dependencies", "system"}
     assert info["dependencies"]["fastapi"]
-
-
-def test_plus_h_prints_help_and_exits_zero():
-    for flag in ("+h=true", "--help", "+help=true"):
-        result = run_cli("run", flag)
-        assert result.returncode == 0, result.stderr
-        assert "ng_run" in result.stdout and "config_paths" in result.stdout
-
-
-def test_ng_help_command_lists_commands():
-    result = run_cli("display_help")
-    assert result.returncode == 0
-    assert "ng_run" in result.stdout and "ng_collect_rollouts" in result.stdout
-
-
-def test_unavailable_command_says_so(monkeypatch, capsys):
-    # Every command is available now; the "not available yet" path stays for commands that land in stages.
-    assert not cli.NOT_AVAILABLE
-    monkeypatch.setitem(cli.NOT_AVAILABLE, "test_all", "a later issue")
-    assert cli._not_available("test_all")([]) == 1
-    assert "not available yet" in capsys.readouterr().err
 
 
 def test_dump_config_resolves_and_masks(tmp_path):
@@ -80,7 +289,7 @@ def test_dump_config_resolves_and_masks(tmp_path):
         "      openai_api_key: ${policy_api_key}\n"
         "      max_output_tokens: 77\n"
     )
-    result = run_cli("dump_config", "+config_paths=[c.yaml]", "+policy_api_key=sk-secret", cwd=tmp_path)
+    result = run_script("ng_dump_config", "+config_paths=[c.yaml]", "+policy_api_key=sk-secret", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "sk-secret" not in result.stdout
     assert "****" in result.stdout
@@ -88,13 +297,13 @@ def test_dump_config_resolves_and_masks(tmp_path):
 
 
 def test_config_mistakes_exit_2_without_traceback(tmp_path):
-    result = run_cli("dump_config", "+config_paths=[does_not_exist.yaml]", cwd=tmp_path)
+    result = run_script("ng_dump_config", "+config_paths=[does_not_exist.yaml]", cwd=tmp_path)
     assert result.returncode == 2
     assert "does_not_exist.yaml" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
 
     (tmp_path / "bad.yaml").write_text("a: [1, 2\nb: 3\n")
-    result = run_cli("run", "+config_paths=[bad.yaml]", cwd=tmp_path)
+    result = run_script("ng_run", "+config_paths=[bad.yaml]", cwd=tmp_path)
     assert result.returncode == 2
     assert "bad.yaml" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
@@ -103,16 +312,56 @@ def test_config_mistakes_exit_2_without_traceback(tmp_path):
 def test_status_without_a_head_server_gives_a_hint(tmp_path):
     from tests.conftest import free_port
 
-    result = run_cli("status", f"+head_server.port={free_port()}", cwd=tmp_path)
+    result = run_script("ng_status", f"+head_server.port={free_port()}", cwd=tmp_path)
     assert result.returncode == 1
-    assert "ng_run" in result.stderr
+    assert result.stderr.startswith("error: ng_status: No head server answered") and "ng_run" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------- ng_run
+
+
+def test_ng_run_without_servers_fails_at_once(tmp_path):
+    from tests.conftest import free_port
+
+    result = run_script("ng_run", f"+head_server.port={free_port()}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ng_run: nothing to start: no config files were given")
+    assert '"+config_paths=[' in result.stderr
+
+    (tmp_path / "empty.yaml").write_text("some_setting: 1\n")
+    result = run_script("ng", "run", "+config_paths=[empty.yaml]", f"+head_server.port={free_port()}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "the config files (empty.yaml) define no server block" in result.stderr
+    assert "servers ready" not in result.stdout
 
 
 def test_ng_run_with_an_unset_interpolation_fails_before_starting_anything():
     from tests.conftest import FIXTURE_STACK, free_port
 
-    result = run_cli("run", "+config_paths=[configs/stack.yaml]", f"+head_server.port={free_port()}", cwd=FIXTURE_STACK)
+    result = run_script("ng_run", "+config_paths=[configs/stack.yaml]", f"+head_server.port={free_port()}",
+                        cwd=FIXTURE_STACK)
     assert result.returncode == 2
     assert "policy_base_url" in result.stderr and "+policy_base_url=" in result.stderr
     assert "servers ready" not in result.stdout
     assert "Traceback" not in result.stderr + result.stdout
+
+
+# ------------------------------------------------------------------------------------------ shell completion
+
+
+def test_shell_completion():
+    script = run_script("ng", "--show-completion", "bash")
+    assert script.returncode == 0 and "_NG_COMPLETE=complete_bash" in script.stdout
+    complete = {"_NG_COMPLETE": "complete_bash", "COMP_WORDS": "ng collect +num", "COMP_CWORD": "2"}
+    words = run_script("ng", env=complete)
+    assert words.stdout.split() == ["+num_repeats=", "+num_repeats_add_seed=", "+num_samples_in_parallel="]
+    verbs = run_script("ng", env={"_NG_COMPLETE": "complete_bash", "COMP_WORDS": "ng pro", "COMP_CWORD": "1"})
+    assert verbs.stdout.split() == ["profile"]
+
+
+def test_completions_of_parameters_and_verbs():
+    collect, help_command = cli.find_command("collect"), cli.find_command("help")
+    assert [c for c, _ in completions(collect, "++resume")] == ["++resume_from_cache="]
+    assert completions(collect, "+limit=3") == []
+    assert [c for c, _ in completions(cli.find_command("version"), "+")] == ["+json="]
+    assert [c for c, _ in completions(help_command, "te")] == ["test", "test-all"]

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from nemo_gym.cli import find_command
 from nemo_gym.rollouts.reward_profile import (
     compute_profile,
     pass_at_k,
     print_profile_table,
     profile_rollouts,
-    reward_profile_main,
     rollout_numeric_fields,
     summary_stats,
 )
@@ -240,14 +240,14 @@ def test_reward_profile_command(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write_jsonl(tmp_path / "x_materialized_inputs.jsonl", inputs({0: 1}))
     write_jsonl(tmp_path / "x.jsonl", [rollout(0, 0, 1.0)])
-    code = reward_profile_main(
+    code = find_command("reward_profile").main(
         ["+materialized_inputs_jsonl_fpath=x_materialized_inputs.jsonl", "+rollouts_jsonl_fpath=x.jsonl"]
     )
     assert code == 0
     assert (tmp_path / "x_reward_profiling.jsonl").exists() and (tmp_path / "x_agent_metrics.json").exists()
     assert "x_agent_metrics.json" in capsys.readouterr().out
 
-    assert reward_profile_main(["+materialized_inputs_jsonl_fpath=nope.jsonl", "+rollouts_jsonl_fpath=x.jsonl"]) == 2
+    assert find_command("reward_profile").main(["+materialized_inputs_jsonl_fpath=nope.jsonl", "+rollouts_jsonl_fpath=x.jsonl"]) == 2
     assert "nope.jsonl" in capsys.readouterr().err
-    assert reward_profile_main(["+h=true"]) == 0
+    assert find_command("reward_profile").main(["+h=true"]) == 0
     assert "+rollouts_jsonl_fpath" in capsys.readouterr().out

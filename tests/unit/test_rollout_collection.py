@@ -12,7 +12,9 @@ from typing import Any, Callable
 import httpx
 import orjson
 import pytest
+from fastapi import FastAPI, Request, Response
 
+from nemo_gym.cli import find_command
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.rollouts.collection import (
     ROLLOUT_INDEX_KEY_NAME,
@@ -21,7 +23,6 @@ from nemo_gym.rollouts.collection import (
     InputValidationError,
     RolloutCollectionConfig,
     agent_names_in_config,
-    collect_rollouts_main,
     iter_materialized_rows,
     iter_pending_rows,
     iter_rollouts,
@@ -31,6 +32,8 @@ from nemo_gym.rollouts.collection import (
     run_from_config,
 )
 from nemo_gym.http.client import ServerClient
+from nemo_gym.testing.live_server import live_server
+from tests.unit.test_retry import slept  # noqa: F401  (fixture)
 
 T, R = TASK_INDEX_KEY_NAME, ROLLOUT_INDEX_KEY_NAME
 
@@ -453,6 +456,39 @@ async def test_request_timeout_is_a_retryable_failure():
     assert res.error_type == "Timeout" and res.attempts == 2 and calls["n"] == 2
 
 
+async def test_retries_follow_the_shared_policy_against_a_real_agent(slept):
+    """A real HTTP agent: a 503 with Retry-After is retried after the time it asks for, a 500 is retried (a /run
+    is rerun whole, so it counts as idempotent), 422 and 501 are not. Before the shared policy every 5xx was
+    retried, 501 included, and Retry-After was ignored."""
+    calls: dict[int, int] = {}
+    # Per task, the reply to each call (the last one repeats); None is a finished rollout.
+    replies = {0: [(503, {"Retry-After": "3"}), None], 1: [(500, {}), (500, {}), None], 2: [(422, {})], 3: [(501, {})]}
+    app = FastAPI()
+
+    @app.post("/run")
+    async def run(request: Request):
+        task = (await request.json())[T]
+        calls[task] = calls.get(task, 0) + 1
+        reply = replies[task][min(calls[task], len(replies[task])) - 1]
+        if reply is None:
+            return {"reward": 1.0}
+        status, headers = reply
+        return Response(f"reply {status}", status_code=status, headers=headers)
+
+    with live_server(app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        cfg = {"agent": {"responses_api_agents": {"impl": {"host": "127.0.0.1", "port": port}}}}
+        rows = [{"responses_create_params": params(), T: t, R: 0} for t in range(4)]
+        client = ServerClient(global_config_dict=cfg)
+        results = {r.task_index: r for r in await collect_all(rows, client, agent_name="agent", max_attempts=4)}
+    assert calls == {0: 2, 1: 3, 2: 1, 3: 1}
+    assert [results[t].attempts for t in range(4)] == [2, 3, 1, 1]
+    assert results[0].ok and results[1].ok
+    assert (results[2].status_code, results[3].status_code) == (422, 501) and results[3].error_type == "HTTPError"
+    # One wait for the 503, as long as it asked; two backoffs for the 500s (retry_backoff_s=0.001: at most 0.002 s).
+    assert sorted(slept)[-1] == 3.0 and len(slept) == 3 and all(d <= 0.002 for d in sorted(slept)[:2])
+
+
 async def test_async_iterable_input_and_empty_input():
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"reward": 0.5})
@@ -639,7 +675,7 @@ def test_unreachable_head_server_is_exit_code_1(tmp_path, capsys):
 
 
 def test_help_lists_every_parameter(capsys):
-    assert collect_rollouts_main(["+h=true"]) == 0
+    assert find_command("collect_rollouts").main(["+h=true"]) == 0
     text = capsys.readouterr().out
     for name in (
         "agent_name", "input_jsonl_fpath", "output_jsonl_fpath", "limit", "num_repeats", "num_repeats_add_seed",
@@ -650,7 +686,7 @@ def test_help_lists_every_parameter(capsys):
 
 def test_missing_parameters_are_a_config_error_with_exit_code_2(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert collect_rollouts_main(["+input_jsonl_fpath=x.jsonl"]) == 2
+    assert find_command("collect_rollouts").main(["+input_jsonl_fpath=x.jsonl"]) == 2
     assert "output_jsonl_fpath" in capsys.readouterr().err
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from nemo_gym.servers.resources_server import BaseRunRequest
+from nemo_gym.cli import find_command
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.config.global_config import parse_global_config
 from nemo_gym.rollouts.data_prep import (
@@ -25,11 +26,11 @@ from nemo_gym.rollouts.data_prep import (
     find_datasets_in_scope,
     load_verify_request_model,
     prepare_data,
-    prepare_data_main,
     round_metric,
 )
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "prepare_data"
+ng_prepare_data = find_command("prepare_data").main  # the command as `ng_prepare_data` runs it
 AGENT_REF = {"type": "responses_api_agents", "name": "qa_agent"}
 
 
@@ -96,7 +97,7 @@ def write_config(ws: Path, text: str, name: str = "custom.yaml") -> str:
 
 def test_help_prints_parameters_and_exits_zero(capsys):
     for flag in ("+h=true", "+help=true"):
-        assert prepare_data_main([flag]) == 0
+        assert ng_prepare_data([flag]) == 0
         out = capsys.readouterr().out
         assert "ng_prepare_data" in out
         for name in ("+output_dirpath", "+mode", "+should_download", "+data_source", "+overwrite_metrics_conflicts"):
@@ -132,7 +133,7 @@ def test_config_is_parsed_with_empty_policy_values_and_no_ports(ws, monkeypatch)
 
     monkeypatch.setattr(global_config_module, "parse_global_config", spy)
     args = ["+config_paths=[configs/qa.yaml]", "+output_dirpath=out", "+mode=example_validation"]
-    assert prepare_data_main(args) == 0
+    assert ng_prepare_data(args) == 0
     assert seen["initial_global_config_dict"] == {"policy_base_url": "", "policy_api_key": "", "policy_model_name": ""}
     assert seen["allocate_ports"] is False
     # A value given on the command line still wins over the seeded empty one.
@@ -141,7 +142,7 @@ def test_config_is_parsed_with_empty_policy_values_and_no_ports(ws, monkeypatch)
 
 
 def test_missing_parameter_exits_2(ws, capsys):
-    assert prepare_data_main(["+config_paths=[configs/qa.yaml]", "+mode=example_validation"]) == 2
+    assert ng_prepare_data(["+config_paths=[configs/qa.yaml]", "+mode=example_validation"]) == 2
     assert "output_dirpath" in capsys.readouterr().err
 
 
@@ -284,7 +285,7 @@ def test_invalid_rows_are_all_reported_with_dataset_file_and_line(ws, capsys):
     assert not (ws / "data" / "qa_train_prepare.jsonl").exists()
 
     # The command: exit 2, the same report on stderr.
-    code = prepare_data_main(["+config_paths=[configs/qa.yaml]", "+output_dirpath=out", "+mode=train_preparation"])
+    code = ng_prepare_data(["+config_paths=[configs/qa.yaml]", "+output_dirpath=out", "+mode=train_preparation"])
     assert code == 2
     err = capsys.readouterr().err
     assert "error: ng_prepare_data: 8 invalid line(s)" in err
@@ -592,7 +593,7 @@ def test_conflicts_within_tolerance_beyond_and_overwrite(ws):
     assert not (ws / "data" / "qa_train_prepare.jsonl").exists()
 
     # The command exits 2 on a conflict.
-    assert prepare_data_main(["+config_paths=[configs/qa.yaml]", *args]) == 2
+    assert ng_prepare_data(["+config_paths=[configs/qa.yaml]", *args]) == 2
 
     # Overwrite: the new metrics replace the old, the stale conflict file goes away, outputs are written.
     config, gc = load(ws, *args, "+overwrite_metrics_conflicts=true")
@@ -663,8 +664,8 @@ def test_collation_of_two_datasets_in_example_validation_mode(ws):
     assert not (ws / "out" / "train.jsonl").exists()
 
 
-def test_prepare_data_main_end_to_end(ws, capsys):
-    code = prepare_data_main(["+config_paths=[configs/qa.yaml]", "+output_dirpath=prepared", "+mode=train_preparation"])
+def test_ng_prepare_data_end_to_end(ws, capsys):
+    code = ng_prepare_data(["+config_paths=[configs/qa.yaml]", "+output_dirpath=prepared", "+mode=train_preparation"])
     assert code == 0
     out = capsys.readouterr().out
     assert "dataset 'train' (type train, agent 'qa_agent'): 2 row(s) valid, 4 prepared (x2)" in out
@@ -678,7 +679,7 @@ def test_prepare_data_main_end_to_end(ws, capsys):
     # The example-only agent's data was left alone (A.9).
     assert not (ws / "data" / "qa_more_examples_prepare.jsonl").exists()
     # Running again on unchanged data is a no-op for metrics (no conflicts).
-    assert prepare_data_main(["+config_paths=[configs/qa.yaml]", "+output_dirpath=prepared", "+mode=train_preparation"]) == 0
+    assert ng_prepare_data(["+config_paths=[configs/qa.yaml]", "+output_dirpath=prepared", "+mode=train_preparation"]) == 0
 
 
 def test_file_shared_by_two_agents_gets_per_agent_side_outputs(ws):

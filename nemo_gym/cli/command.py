@@ -1,0 +1,143 @@
+"""A CLI command: a config model plus `run(config) -> exit code`.
+
+Everything around that is done here once, the same way for every command and every way to call it (`ng_<name>`,
+`nemo_gym_<name>`, `ng <verb>`): the help (`+h=true`, `--help`, `ng help <verb>`), building the global config,
+refusing unknown keys, and the one error path (a config mistake prints `error: ng_<name>: <message>` and exits 2,
+Ctrl-C exits 130, no traceback for either).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+import textwrap
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Union
+
+from nemo_gym.config.types import BaseNeMoGymCLIConfig, wants_help
+from nemo_gym.errors import NeMoGymConfigError
+
+OVERRIDES_NOTE = (
+    "Keys are Hydra-style overrides: +key=value (nested keys with dots, lists as \"+config_paths=[a.yaml,b.yaml]\", "
+    "quoted for the shell), ~key deletes. A key that is not a parameter, a global key or a key of the config files "
+    "is refused as a likely typo; write ++key=value to add it anyway."
+)
+OVERRIDES_ONLY_NOTE = (
+    "Keys are Hydra-style overrides (+key=value); no config file or env.yaml is read. A key that is not a parameter "
+    "is refused as a likely typo; write ++key=value to pass it anyway."
+)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command. `name` gives `ng_<name>` and `nemo_gym_<name>`, `verb` gives `ng <verb>`.
+
+    `model` is the config model, or `"module:Class"` so that listing commands (and shell completion) does not
+    import every command's dependencies. `run` gets the validated model, whose `global_config` is the merged
+    config, and returns the exit code."""
+
+    name: str
+    verb: str
+    summary: str
+    model: Union[str, type[BaseNeMoGymCLIConfig]]
+    run: Callable[[Any], int]
+    reads_config_files: bool = True  # False: only the command-line keys (no config_paths, no env.yaml)
+    allocate_ports: bool = False  # reserve a port for every server block without one (the commands that start servers)
+    initial_config: Optional[Mapping[str, Any]] = None  # lowest-precedence keys merged before the config files
+    examples: tuple[str, ...] = ()
+    positional: Optional[str] = None  # a bare word on the command line sets this parameter (`ng help collect`)
+
+    @property
+    def script(self) -> str:
+        return f"ng_{self.name}"
+
+    @functools.cached_property
+    def config_model(self) -> type[BaseNeMoGymCLIConfig]:
+        if not isinstance(self.model, str):
+            return self.model
+        module, _, attr = self.model.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    # ------------------------------------------------------------------------------------------------ running
+    def main(self, args: list[str]) -> int:
+        """Run the command with its command-line arguments; returns the exit code. Never raises for user mistakes."""
+        try:
+            return self._main(self._positionals(list(args)))
+        except NeMoGymConfigError as exc:
+            self.error(str(exc))
+            return exc.exit_code
+        except KeyboardInterrupt:
+            return 130
+        except OSError as exc:  # a file or a server that is not there: say which, no traceback
+            filename = getattr(exc, "filename", None)
+            self.error(f"cannot access {filename}: {exc.strerror or exc}" if filename else str(exc))
+            return 1
+
+    def error(self, message: str) -> None:
+        sys.stdout.flush()
+        sys.stderr.write(f"error: {self.script}: {message}\n")
+        sys.stderr.flush()
+
+    def _positionals(self, args: list[str]) -> list[str]:
+        if self.positional is None:
+            return args
+        return [f"+{self.positional}={a}" if a and a[0] not in "+~-" and "=" not in a else a for a in args]
+
+    def _main(self, args: list[str]) -> int:
+        if wants_help(args):
+            sys.stdout.write(self.help_text())
+            return 0
+        from nemo_gym.config.known_keys import check_known_keys
+        from nemo_gym.config.overrides import overrides_to_dict, parse_overrides
+
+        overrides = parse_overrides(args)
+        model = self.config_model
+        if self.reads_config_files:
+            from nemo_gym.config.global_config import parse_global_config
+
+            cfg = parse_global_config(
+                args,
+                initial_global_config_dict=dict(self.initial_config) if self.initial_config else None,
+                allocate_ports=self.allocate_ports,
+            )
+        else:
+            cfg = overrides_to_dict(overrides)
+        check_known_keys(
+            overrides,
+            command_name=self.script,
+            parameters=model.parameter_keys(),
+            global_config=cfg if self.reads_config_files else None,
+            initial_config=self.initial_config,
+        )
+        return self.run(model.from_global_config(cfg))
+
+    # ------------------------------------------------------------------------------------------------ help
+    def help_text(self) -> str:
+        """What `ng_<name> +h=true`, `ng <verb> --help` and `ng help <verb>` all print."""
+        model = self.config_model
+        usage = (f" [{self.positional}]" if self.positional else "") + " [+key=value ...]"
+        lines = [
+            f"{self.script}: {self.summary}",
+            "",
+            f"Usage: {self.script}{usage}",
+            f"   or: ng {self.verb}{usage}      (also nemo_gym_{self.name})",
+        ]
+        description = model.description()
+        if description:
+            lines += ["", description]
+        lines += ["", *model.parameter_table()]
+        if self.examples:
+            lines += ["", "Examples:", *(f"  {example}" for example in self.examples)]
+        lines += ["", textwrap.fill(OVERRIDES_NOTE if self.reads_config_files else OVERRIDES_ONLY_NOTE, 100)]
+        return "\n".join(lines) + "\n"
+
+    def console_script(self) -> Callable[[], None]:
+        """The function a `[project.scripts]` entry points at."""
+
+        def main() -> None:
+            sys.exit(self.main(sys.argv[1:]))
+
+        main.__name__ = self.name
+        main.__doc__ = f"`{self.script}`: {self.summary}"
+        return main

@@ -1,0 +1,39 @@
+"""`ng_status` / `ng status`: which servers a running stack has, and whether each answers /health."""
+
+from __future__ import annotations
+
+import sys
+
+from pydantic import Field
+
+from nemo_gym.cli.command import Command
+from nemo_gym.config.known_keys import HeadServerKeys
+from nemo_gym.config.types import BaseNeMoGymCLIConfig
+
+
+class StatusConfig(BaseNeMoGymCLIConfig):
+    """Ask the head server of a running stack for its servers, check each one's /health and print a table.
+    Exits 1 when a server is unhealthy or no head server answers."""
+
+    head_server: HeadServerKeys = Field(
+        default_factory=HeadServerKeys,
+        description="The stack's head server: +head_server.host=... +head_server.port=...",
+    )
+
+
+def run(config: StatusConfig) -> int:
+    from nemo_gym.runtime.status import fetch_status, print_status
+
+    instances = fetch_status(config.head_server.host, config.head_server.port)  # ConnectionError: exit 1 with a hint
+    print_status(instances, sys.stdout)
+    return 0 if all(i["healthy"] for i in instances) else 1
+
+
+COMMAND = Command(
+    name="status",
+    verb="status",
+    summary="Show the servers of a running stack and their health (asks the head server).",
+    model=StatusConfig,
+    run=run,
+    examples=("ng_status", "ng_status +head_server.port=12000"),
+)
