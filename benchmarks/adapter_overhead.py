@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -154,12 +153,6 @@ def serve_model(port: int, upstream: str, training: bool) -> None:
     _serve(model.build_app(), port)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait(url: str, proc: subprocess.Popen, method: str = "POST", json: Any = None) -> None:
     import httpx
 
@@ -187,8 +180,9 @@ def bench_end_to_end(calls: int, training: bool) -> None:
     import httpx
 
     from nemo_gym.api.chat_conversion import responses_to_chat_params
+    from nemo_gym.testing.stack import cpu_seconds, free_port
 
-    fake_port, model_port = _free_port(), _free_port()
+    fake_port, model_port = free_port(), free_port()
     me = [sys.executable, os.path.abspath(__file__)]
     procs = [subprocess.Popen([*me, "--serve-fake", str(fake_port)])]
     try:
@@ -205,22 +199,18 @@ def bench_end_to_end(calls: int, training: bool) -> None:
 
         fake_proc, model_proc = psutil.Process(procs[0].pid), psutil.Process(procs[1].pid)
 
-        def cpu(proc: Any) -> float:
-            t = proc.cpu_times()
-            return t.user + t.system
-
         with httpx.Client(timeout=30) as client:
             for _ in range(min(200, calls)):
                 _timed_post(client, direct_url, chat_body)
                 _timed_post(client, model_url, params)
-            fake_before, model_before = cpu(fake_proc), cpu(model_proc)
+            fake_before, model_before = cpu_seconds(fake_proc), cpu_seconds(model_proc)
             direct: list[float] = []
             through: list[float] = []
             # Interleaved, so both series see the same machine load (this box is shared and noisy).
             for _ in range(calls):
                 direct.append(_timed_post(client, direct_url, chat_body))
                 through.append(_timed_post(client, model_url, params))
-            fake_cpu, model_cpu = cpu(fake_proc) - fake_before, cpu(model_proc) - model_before
+            fake_cpu, model_cpu = cpu_seconds(fake_proc) - fake_before, cpu_seconds(model_proc) - model_before
         for name, values in (("direct to the fake chat server", direct), ("through vllm_model /v1/responses", through)):
             print(f"  {name:<40} median {statistics.median(values) * 1e3:7.3f} ms   "
                   f"mean {statistics.fmean(values) * 1e3:7.3f} ms   ({calls} sequential calls)")

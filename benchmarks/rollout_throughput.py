@@ -21,43 +21,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
-CONFIGS = (
-    "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml,"
-    "responses_api_models/openai_model/configs/openai_model.yaml"
+from nemo_gym.testing.stack import (
+    FakeLLMBackend,
+    NgRunStack,
+    cpu_seconds,
+    fake_llm_overrides,
+    free_port,
+    process_tree,
+    server_instances,
 )
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = [
+    "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml",
+    "responses_api_models/openai_model/configs/openai_model.yaml",
+]
 AGENT = "example_single_tool_call_simple_agent"
 REFERENCE = {"ready_s": 37.0, "rps_1": 34.0, "rps_256": 73.0, "cpu_ms": 22.5, "rss_mb": 2560.0}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ok(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise SystemExit(f"{url} not healthy after {timeout} s")
 
 
 def load_row() -> dict:
@@ -94,11 +81,6 @@ async def drive(url: str, row: dict, total: int, in_flight: int) -> tuple[float,
     return time.perf_counter() - t0, latencies, failures
 
 
-def cpu_seconds(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return t.user + t.system
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=1000, help="rollouts per concurrency level")
@@ -107,67 +89,43 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=0.0, help="fake LLM latency per call")
     args = parser.parse_args()
 
-    backend_port, head_port = free_port(), free_port()
-    backend = subprocess.Popen(
-        [sys.executable, "-m", "nemo_gym.testing.fake_openai_server", "--port", str(backend_port),
-         "--tool-args", '{"city": "Oslo"}', "--latency-ms", str(args.latency_ms)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    wait_ok(f"http://127.0.0.1:{backend_port}/health")
-    t_start = time.perf_counter()
-    stack = subprocess.Popen(
-        [sys.executable, "-c", "from nemo_gym.cli import run; run()", f"+config_paths=[{CONFIGS}]",
-         f"+policy_base_url=http://127.0.0.1:{backend_port}/v1", "+policy_api_key=dummy",
-         "+policy_model_name=fake", f"+head_server.port={head_port}"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    ready_s = None
-    for line in stack.stdout:
-        if "servers ready!" in line:
+    head_port = free_port()
+    with FakeLLMBackend("--tool-args", '{"city": "Oslo"}', "--latency-ms", str(args.latency_ms)) as backend:
+        t_start = time.perf_counter()
+        stack = NgRunStack(fake_llm_overrides(CONFIGS, backend.base_url, head_port), cwd=REPO)
+        try:
+            stack.wait_for("servers ready!")
             ready_s = time.perf_counter() - t_start
-            break
-    if ready_s is None:
-        raise SystemExit("ng_run exited before it was ready")
-    # Keep draining ng_run's output so its pipe never fills.
-    import threading
+            instances = server_instances(head_port)
+            procs = {i["process_name"]: psutil.Process(i["pid"]) for i in instances}
+            agent_url = next(i["url"] for i in instances if i["process_name"] == AGENT) + "/run"
+            backend_proc = psutil.Process(backend.proc.pid)
+            me = psutil.Process()
+            row = load_row()
+            peak_rss = 0.0
 
-    threading.Thread(target=lambda: [None for _ in stack.stdout], daemon=True).start()
+            def stack_rss() -> float:
+                return sum(p.memory_info().rss for p in process_tree(stack.proc.pid)) / 2**20
 
-    try:
-        instances = httpx.get(f"http://127.0.0.1:{head_port}/server_instances", timeout=5).json()
-        procs = {i["process_name"]: psutil.Process(i["pid"]) for i in instances}
-        agent_url = next(i["url"] for i in instances if i["process_name"] == AGENT) + "/run"
-        backend_proc = psutil.Process(backend.pid)
-        me = psutil.Process()
-        row = load_row()
-        peak_rss = 0.0
+            asyncio.run(drive(agent_url, row, 50, 8))  # warm-up
 
-        def stack_rss() -> float:
-            parent = psutil.Process(stack.pid)
-            return sum(p.memory_info().rss for p in [parent, *parent.children(recursive=True)]) / 2**20
-
-        asyncio.run(drive(agent_url, row, 50, 8))  # warm-up
-
-        results = []
-        levels = [1] + [int(x) for x in args.in_flight.split(",") if x]
-        for level in levels:
-            total = args.sequential if level == 1 else max(args.rollouts, level)
-            cpu0 = {name: cpu_seconds(p) for name, p in procs.items()}
-            b0, m0 = cpu_seconds(backend_proc), cpu_seconds(me)
-            wall, lat, failures = asyncio.run(drive(agent_url, row, total, level))
-            cpu = {name: (cpu_seconds(p) - cpu0[name]) * 1000 / total for name, p in procs.items()}
-            peak_rss = max(peak_rss, stack_rss())
-            results.append({
-                "in_flight": level, "rollouts": total, "wall_s": wall, "rps": total / wall,
-                "p50_ms": statistics.median(lat) * 1000, "failures": failures, "cpu_ms": cpu,
-                "backend_cpu_ms": (cpu_seconds(backend_proc) - b0) * 1000 / total,
-                "driver_cpu_ms": (cpu_seconds(me) - m0) * 1000 / total,
-            })
-    finally:
-        stack.send_signal(signal.SIGINT)
-        stack.wait(timeout=60)
-        backend.terminate()
+            results = []
+            levels = [1] + [int(x) for x in args.in_flight.split(",") if x]
+            for level in levels:
+                total = args.sequential if level == 1 else max(args.rollouts, level)
+                cpu0 = {name: cpu_seconds(p) for name, p in procs.items()}
+                b0, m0 = cpu_seconds(backend_proc), cpu_seconds(me)
+                wall, lat, failures = asyncio.run(drive(agent_url, row, total, level))
+                cpu = {name: (cpu_seconds(p) - cpu0[name]) * 1000 / total for name, p in procs.items()}
+                peak_rss = max(peak_rss, stack_rss())
+                results.append({
+                    "in_flight": level, "rollouts": total, "wall_s": wall, "rps": total / wall,
+                    "p50_ms": statistics.median(lat) * 1000, "failures": failures, "cpu_ms": cpu,
+                    "backend_cpu_ms": (cpu_seconds(backend_proc) - b0) * 1000 / total,
+                    "driver_cpu_ms": (cpu_seconds(me) - m0) * 1000 / total,
+                })
+        finally:
+            stack.stop(timeout=60)
 
     names = sorted(results[0]["cpu_ms"])
     short = {n: n.replace("example_single_tool_call_", "") for n in names}

@@ -11,59 +11,36 @@ and times the shutdown. Repeats `--runs` times and prints medians.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import psutil
+
+from nemo_gym.testing.stack import FakeLLMBackend, NgRunStack, fake_llm_overrides, free_port, process_tree
 
 REPO = Path(__file__).resolve().parent.parent
 STACK = REPO / "tests" / "fixtures" / "stack"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def one_run(backend_url: str) -> dict:
-    head_port = free_port()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from nemo_gym.cli import run; run()", "+config_paths=[configs/stack.yaml]",
-         f"+policy_base_url={backend_url}", "+policy_api_key=dummy", "+policy_model_name=fake",
-         f"+head_server.port={head_port}"],
-        cwd=STACK, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    ready = None
-    for line in proc.stdout:
-        if "servers ready!" in line:
-            ready = time.perf_counter() - t0
-            break
-    if ready is None:
-        raise SystemExit("ng_run exited before it was ready")
-    time.sleep(1.0)  # let the servers settle after the first requests
-    parent = psutil.Process(proc.pid)
-    procs = [parent, *parent.children(recursive=True)]
-    rss = sum(p.memory_info().rss for p in procs if p.is_running())
-    uss = 0
-    for p in procs:
-        try:
-            uss += p.memory_full_info().uss
-        except (psutil.Error, AttributeError):
-            pass
-    t1 = time.perf_counter()
-    proc.send_signal(signal.SIGINT)
-    proc.stdout.read()
-    proc.wait(timeout=60)
+    stack = NgRunStack(fake_llm_overrides(["configs/stack.yaml"], backend_url, free_port()), cwd=STACK)
+    try:
+        stack.wait_for("servers ready!")
+        ready = time.perf_counter() - t0
+        time.sleep(1.0)  # let the servers settle after the first requests
+        procs = process_tree(stack.proc.pid)
+        rss = sum(p.memory_info().rss for p in procs if p.is_running())
+        uss = 0
+        for p in procs:
+            try:
+                uss += p.memory_full_info().uss
+            except (psutil.Error, AttributeError):
+                pass
+    finally:
+        t1 = time.perf_counter()
+        stack.stop(timeout=60)
     return {"ready_s": ready, "rss_mb": rss / 2**20, "uss_mb": uss / 2**20, "processes": len(procs),
             "stop_s": time.perf_counter() - t1}
 
@@ -72,19 +49,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=4)
     args = parser.parse_args()
-    port = free_port()
-    backend = subprocess.Popen([sys.executable, "-m", "nemo_gym.testing.fake_openai_server", "--port", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        results = [one_run(f"http://127.0.0.1:{port}/v1") for _ in range(args.runs)]
-    finally:
-        backend.terminate()
+    with FakeLLMBackend() as backend:
+        results = [one_run(backend.base_url) for _ in range(args.runs)]
     print(f"{'run':>4} {'ready s':>8} {'RSS MB':>8} {'USS MB':>8} {'procs':>6} {'stop s':>7}")
     for i, r in enumerate(results, 1):
         print(f"{i:>4} {r['ready_s']:>8.2f} {r['rss_mb']:>8.0f} {r['uss_mb']:>8.0f} {r['processes']:>6} {r['stop_s']:>7.2f}")

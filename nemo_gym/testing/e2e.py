@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from nemo_gym import PARENT_DIR
-from nemo_gym.testing.stack import ChildProcess, NgRunStack, free_port
+from nemo_gym.testing.stack import FakeLLMBackend, NgRunStack, fake_llm_overrides, free_port
 
 OPENAI_MODEL_CONFIG = "responses_api_models/openai_model/configs/openai_model.yaml"
 
@@ -57,24 +56,16 @@ def collect_examples_e2e(
         else:
             script_path = Path(script)
         args += ["--script", str(script_path)]
-    backend_port, head_port = free_port(), free_port()
+    head_port = free_port()
     configs = list(config_paths or [f"resources_servers/{server_name}/configs/{server_name}.yaml", OPENAI_MODEL_CONFIG])
     agent = agent_name or f"{server_name}_simple_agent"
     input_path = input_jsonl or str(project_dir / "resources_servers" / server_name / "data" / "example.jsonl")
     output_path = tmp_path / "rollouts.jsonl"
-    backend = ChildProcess(
-        [sys.executable, "-m", "nemo_gym.testing.fake_openai_server", "--port", str(backend_port), *args],
-        name="fake LLM",
-    )
+    backend = FakeLLMBackend(*args)
     stack = None
     try:
-        backend.wait_http_ok(f"http://127.0.0.1:{backend_port}/health")
-        stack = NgRunStack(
-            [f"+config_paths=[{','.join(configs)}]",
-             f"+policy_base_url=http://127.0.0.1:{backend_port}/v1", "+policy_api_key=dummy",
-             "+policy_model_name=fake-model", f"+head_server.port={head_port}", *extra_overrides],
-            cwd=project_dir,
-        )
+        backend.wait_ready()
+        stack = NgRunStack([*fake_llm_overrides(configs, backend.base_url, head_port), *extra_overrides], cwd=project_dir)
         stack.wait_for("servers ready!", timeout=ready_timeout)
         collect = subprocess.run(
             [sys.executable, "-c", "from nemo_gym.cli import collect_rollouts; collect_rollouts()",
@@ -90,6 +81,6 @@ def collect_examples_e2e(
     finally:
         if stack is not None:
             stack.stop(timeout=60)
-        backend.stop(signal.SIGTERM, timeout=10)
+        backend.stop()
     rows = [json.loads(line) for line in output_path.read_text().splitlines() if line.strip()]
     return sorted(rows, key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"]))

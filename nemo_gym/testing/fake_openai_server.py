@@ -515,6 +515,33 @@ def _chat_message(output: list) -> tuple[dict, bool]:
     return message, bool(calls)
 
 
+def _response_object(n: int, body: dict, output: list, **fields: Any) -> dict:
+    """The Responses object of reply `n` to request `body`; `fields` (status, usage, ...) come last."""
+    return {
+        "id": f"resp_{n}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": body.get("model") or "fake-model",
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        **fields,
+    }
+
+
+def _chat_completion(n: int, body: dict, message: dict, finish: str, usage: Any) -> dict:
+    """The Chat Completion of reply `n` to request `body`: one choice with `message`."""
+    return {
+        "id": f"chatcmpl-{n}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model") or "fake-model",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": usage,
+    }
+
+
 class _Script:
     def __init__(self, rules: list[_Rule]) -> None:
         self.rules = rules
@@ -576,41 +603,27 @@ def build_app(
             if finish is None:
                 reason = incomplete.get("reason") if isinstance(incomplete, dict) else None
                 finish = "length" if reason == "max_output_tokens" else ("tool_calls" if has_calls else "stop")
-            return _json(
-                {
-                    "id": f"chatcmpl-{n}",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": body.get("model") or "fake-model",
-                    "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                    "usage": _to_chat_usage(usage),
-                },
-                headers=headers,
-            )
-        response = {
-            "id": f"resp_{n}",
-            "object": "response",
-            "created_at": int(time.time()),
-            "model": body.get("model") or "fake-model",
-            "output": output,
-            "parallel_tool_calls": True,
-            "tool_choice": body.get("tool_choice", "auto"),
-            "tools": body.get("tools") or [],
-            "status": "incomplete" if incomplete else "completed",
-            "incomplete_details": incomplete,
-            "usage": usage,
-        }
+            return _json(_chat_completion(n, body, message, finish, _to_chat_usage(usage)), headers=headers)
+        state = "incomplete" if incomplete else "completed"
+        response = _response_object(n, body, output, status=state, incomplete_details=incomplete, usage=usage)
         if reply.get("response"):
             response.update(reply["response"])
         return _json(response, headers=headers)
 
-    async def responses(request: Request) -> Response:
-        body = orjson.loads(await request.body())
-        if delay:
-            await asyncio.sleep(delay)
-        if scripted is not None:
-            return await scripted_reply(_responses_view(body))
-        n = next(_ids)
+    def endpoint(view_of, default_reply):
+        """A route: the request's body, after the configured delay, answered by the script or the default mode."""
+
+        async def handle(request: Request) -> Response:
+            body = orjson.loads(await request.body())
+            if delay:
+                await asyncio.sleep(delay)
+            if scripted is not None:
+                return await scripted_reply(view_of(body))
+            return default_reply(body, next(_ids))
+
+        return handle
+
+    def default_responses(body: dict, n: int) -> Response:
         items = body.get("input")
         view = _responses_view(body)
         tools = [t for t in body.get("tools") or [] if t.get("type") == "function"]
@@ -636,28 +649,9 @@ def build_app(
                     "content": [{"type": "output_text", "text": text, "annotations": []}],
                 }
             ]
-        return _json(
-            {
-                "id": f"resp_{n}",
-                "object": "response",
-                "created_at": int(time.time()),
-                "model": body.get("model") or "fake-model",
-                "output": output,
-                "parallel_tool_calls": True,
-                "tool_choice": body.get("tool_choice", "auto"),
-                "tools": body.get("tools") or [],
-                "status": "completed",
-                "usage": _usage_responses(10, 5),
-            }
-        )
+        return _json(_response_object(n, body, output, status="completed", usage=_usage_responses(10, 5)))
 
-    async def chat_completions(request: Request) -> Response:
-        body = orjson.loads(await request.body())
-        if delay:
-            await asyncio.sleep(delay)
-        if scripted is not None:
-            return await scripted_reply(_chat_view(body))
-        n = next(_ids)
+    def default_chat_completions(body: dict, n: int) -> Response:
         messages = body.get("messages") or []
         tools = [t for t in body.get("tools") or [] if t.get("type") == "function"]
         has_tool_result = any(m.get("role") == "tool" for m in messages)
@@ -678,16 +672,7 @@ def build_app(
             last_user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
             message = {"role": "assistant", "content": reply_prefix + _text_of(last_user.get("content"))}
             finish = "stop"
-        return _json(
-            {
-                "id": f"chatcmpl-{n}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model") or "fake-model",
-                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-            }
-        )
+        return _json(_chat_completion(n, body, message, finish, _to_chat_usage(_usage_responses(10, 5))))
 
     async def models(request: Request) -> Response:
         return _json({"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "nemo_gym"}]})
@@ -697,8 +682,8 @@ def build_app(
 
     return Starlette(
         routes=[
-            Route("/v1/responses", responses, methods=["POST"]),
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/responses", endpoint(_responses_view, default_responses), methods=["POST"]),
+            Route("/v1/chat/completions", endpoint(_chat_view, default_chat_completions), methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
         ]

@@ -4,20 +4,16 @@ a model server, and an agent that calls both by server id with cookies threaded 
 from __future__ import annotations
 
 import json
-import time
-from contextlib import ExitStack
 from unittest.mock import MagicMock
 
 import httpx
 import pytest
-from fastapi import Body, FastAPI, Request, Response
-from pydantic import BaseModel, Field
+from fastapi import Body, Request, Response
+from pydantic import Field
 
 from nemo_gym.servers.resources_server import (
     BaseResourcesServerConfig,
     BaseRunRequest,
-    BaseSeedSessionRequest,
-    BaseSeedSessionResponse,
     BaseVerifyRequest,
     BaseVerifyResponse,
     SimpleResourcesServer,
@@ -37,57 +33,26 @@ from nemo_gym.api.schemas import (
     NeMoGymResponseCreateParamsNonStreaming,
 )
 from nemo_gym.servers.base import SESSION_ID_KEY, ServerClient, get_response_json, raise_for_status
+from nemo_gym.testing.counter_server import CounterResourcesServer, CounterSeedSessionRequest
+from nemo_gym.testing.live_server import live_servers
+from nemo_gym.testing.responses import function_call, make_response
+from nemo_gym.testing.servers import make_server, make_server_client
 from tests.unit.test_server_utils import live_server
 
 # ------------------------------------------------------------------------------------------------------------
-# A tiny resources server: a counter per session, a tool that increments it, verify compares with the target.
+# A tiny resources server: a counter per session, a tool that increments it, verify compares with the target
+# (nemo_gym.testing's counter server), plus a config field of its own.
 
 
 class CounterConfig(BaseResourcesServerConfig):
     start_at: int = 0
 
 
-class CounterSeedRequest(BaseSeedSessionRequest):
-    initial_count: int = 0
-
-
-class IncrementRequest(BaseModel):
-    count: int = 1
-
-
-class CounterRunRequest(BaseRunRequest):
-    expected_count: int
-
-
-class CounterVerifyRequest(CounterRunRequest, BaseVerifyRequest):
-    pass
-
-
-class CounterVerifyResponse(CounterVerifyRequest, BaseVerifyResponse):
-    final_count: int
-
-
-class CounterServer(SimpleResourcesServer):
+class CounterServer(CounterResourcesServer):
     config: CounterConfig
-    counters: dict[str, int] = Field(default_factory=dict)
 
-    def setup_webserver(self) -> FastAPI:
-        app = super().setup_webserver()
-        app.post("/increment_counter")(self.increment_counter)
-        return app
-
-    async def seed_session(self, request: Request, body: CounterSeedRequest) -> BaseSeedSessionResponse:
-        self.counters[request.session[SESSION_ID_KEY]] = self.config.start_at + body.initial_count
-        return BaseSeedSessionResponse()
-
-    async def increment_counter(self, request: Request, body: IncrementRequest) -> dict:
-        session_id = request.session[SESSION_ID_KEY]
-        self.counters[session_id] = self.counters.get(session_id, 0) + body.count
-        return {"count": self.counters[session_id]}
-
-    async def verify(self, request: Request, body: CounterVerifyRequest) -> CounterVerifyResponse:
-        final = self.counters.pop(request.session[SESSION_ID_KEY], -1)
-        return CounterVerifyResponse(**body.model_dump(), reward=float(final == body.expected_count), final_count=final)
+    def initial_count(self, body: CounterSeedSessionRequest) -> int:
+        return self.config.start_at + body.initial_count
 
 
 class DefaultSeedServer(SimpleResourcesServer):
@@ -95,30 +60,9 @@ class DefaultSeedServer(SimpleResourcesServer):
         return BaseVerifyResponse(**body.model_dump(), reward=0.5)
 
 
-def config(cls, name: str, **extra):
-    return cls(host="127.0.0.1", port=0, entrypoint="app.py", name=name, **extra)
-
-
-def mock_client():
-    return MagicMock(spec=ServerClient)
-
-
 def response_dict(text: str, *, call: dict | None = None, rid: str = "resp_1") -> dict:
-    output = []
-    if call is not None:
-        output.append({"type": "function_call", "call_id": "call_1", "name": call["name"], "arguments": json.dumps(call["arguments"]), "status": "completed", "id": "fc_1"})
-    else:
-        output.append(
-            {
-                "id": "msg_1",
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-        )
-    return {"id": rid, "created_at": int(time.time()), "model": "scripted", "object": "response", "output": output,
-            "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+    output = function_call(call["name"], call["arguments"]) if call is not None else text
+    return make_response(output, response_id=rid, model="scripted").model_dump(mode="json")
 
 
 ROW = {
@@ -128,7 +72,7 @@ ROW = {
 
 
 def test_resources_server_tool_route_and_per_session_state_end_to_end():
-    server = CounterServer(config=config(CounterConfig, "counter", start_at=1), server_client=mock_client())
+    server = make_server(CounterServer, name="counter", start_at=1)
     with live_server(server.build_app()) as url:
         with httpx.Client(base_url=url) as rollout_a, httpx.Client(base_url=url) as rollout_b:
             assert rollout_a.post("/seed_session", json={"initial_count": 2}).json() == {}
@@ -157,7 +101,7 @@ def server_app_routes(server):
 
 
 def test_resources_server_default_seed_session_and_validation():
-    server = DefaultSeedServer(config=config(BaseResourcesServerConfig, "plain"), server_client=mock_client())
+    server = make_server(DefaultSeedServer, name="plain")
     with live_server(server.build_app()) as url:
         seeded = httpx.post(f"{url}/seed_session", json={"anything": [1, 2]})
         assert seeded.status_code == 200 and seeded.json() == {}
@@ -173,7 +117,7 @@ def test_resources_server_verify_is_abstract():
         pass
 
     with pytest.raises(TypeError):
-        NoVerify(config=config(BaseResourcesServerConfig, "x"), server_client=mock_client())
+        make_server(NoVerify, name="x")
 
 
 def test_reference_style_direct_construction_and_call():
@@ -225,7 +169,7 @@ class ScriptedModel(SimpleResponsesAPIModel):
 
 
 def test_model_server_routes():
-    model = ScriptedModel(config=config(ScriptedModelConfig, "policy"), server_client=mock_client())
+    model = make_server(ScriptedModel, name="policy")
     with live_server(model.build_app()) as url:
         chat = httpx.post(f"{url}/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "ignored": 1})
         assert chat.status_code == 200, chat.text
@@ -242,7 +186,7 @@ def test_model_server_is_abstract():
             raise NotImplementedError
 
     with pytest.raises(TypeError):
-        Half(config=config(BaseResponsesAPIModelConfig, "m"), server_client=mock_client())
+        make_server(Half, name="m")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -305,32 +249,28 @@ class LoopAgent(SimpleResponsesAPIAgent):
         return AgentVerifyResponse.model_validate({**row, **result})
 
 
-def _block(server_type: str, port: int) -> dict:
-    return {server_type: {"impl": {"host": "127.0.0.1", "port": port, "entrypoint": "app.py"}}}
+def loop_agent(name: str, client: ServerClient) -> LoopAgent:
+    return make_server(
+        LoopAgent,
+        name=name,
+        server_client=client,
+        resources_server={"type": "resources_servers", "name": "counter"},
+        model_server={"type": "responses_api_models", "name": "policy"},
+    )
+
+
+def serve(servers: dict, global_config: dict):
+    """The servers over real HTTP (uvicorn's httptools parser, as run_webserver serves apps), by name."""
+    return live_servers(servers, global_config, http="httptools", start_timeout=10)
 
 
 def test_agent_run_end_to_end_with_cookies_threaded():
     global_config: dict = {}
-    client = ServerClient(head_server_config={"host": "127.0.0.1", "port": 11000}, global_config_dict=global_config)
-    resources = CounterServer(config=config(CounterConfig, "counter"), server_client=client)
-    model = ScriptedModel(config=config(ScriptedModelConfig, "policy"), server_client=client)
-    agent = LoopAgent(
-        config=config(
-            LoopAgentConfig,
-            "counter_agent",
-            resources_server={"type": "resources_servers", "name": "counter"},
-            model_server={"type": "responses_api_models", "name": "policy"},
-        ),
-        server_client=client,
-    )
-    with ExitStack() as stack:
-        urls = {
-            name: stack.enter_context(live_server(server.build_app()))
-            for name, server in (("counter", resources), ("policy", model), ("counter_agent", agent))
-        }
-        for name, server_type in (("counter", "resources_servers"), ("policy", "responses_api_models"), ("counter_agent", "responses_api_agents")):
-            global_config[name] = _block(server_type, int(urls[name].rsplit(":", 1)[1]))
-
+    client = make_server_client(global_config)
+    resources = make_server(CounterServer, name="counter", server_client=client)
+    model = make_server(ScriptedModel, name="policy", server_client=client)
+    agent = loop_agent("counter_agent", client)
+    with serve({"counter": resources, "policy": model, "counter_agent": agent}, global_config) as urls:
         rows = [{**ROW, "expected_count": 2, "dataset_field": i} for i in range(3)]
         results = [httpx.post(f"{urls['counter_agent']}/run", json=row, timeout=30) for row in rows]
         for i, r in enumerate(results):
@@ -353,20 +293,10 @@ def test_agent_run_end_to_end_with_cookies_threaded():
 
 def test_agent_relays_inner_server_errors_as_500():
     global_config: dict = {}
-    client = ServerClient(head_server_config={"host": "127.0.0.1", "port": 11000}, global_config_dict=global_config)
-    resources = CounterServer(config=config(CounterConfig, "counter"), server_client=client)
-    agent = LoopAgent(
-        config=config(
-            LoopAgentConfig,
-            "agent",
-            resources_server={"type": "resources_servers", "name": "counter"},
-            model_server={"type": "responses_api_models", "name": "policy"},
-        ),
-        server_client=client,
-    )
-    with live_server(resources.build_app()) as res_url, live_server(agent.build_app()) as agent_url:
-        global_config["counter"] = _block("resources_servers", int(res_url.rsplit(":", 1)[1]))
-        global_config["agent"] = _block("responses_api_agents", int(agent_url.rsplit(":", 1)[1]))
+    client = make_server_client(global_config)
+    servers = {"counter": make_server(CounterServer, name="counter", server_client=client), "agent": loop_agent("agent", client)}
+    with serve(servers, global_config) as urls:
+        agent_url = urls["agent"]
         # The row reaches the resources server's /seed_session, which rejects it (422); the agent's
         # raise_for_status turns that into a 500 that carries the inner body.
         bad_seed = httpx.post(

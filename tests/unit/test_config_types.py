@@ -26,6 +26,7 @@ from nemo_gym.config.types import (
     wants_help,
 )
 from nemo_gym.errors import NeMoGymConfigError
+from nemo_gym.testing.asserts import error_message
 
 
 def test_server_types():
@@ -124,14 +125,14 @@ def test_validate_server_config_names_server_and_field():
     class JudgeConfig(BaseRunServerInstanceConfig):
         judge_model_server: ModelServerRef
 
-    with pytest.raises(NeMoGymConfigError) as info:
-        validate_server_config(
-            JudgeConfig,
-            {"host": "h", "port": 1, "entrypoint": "app.py", "name": "my_judge"},
-            server_id="my_judge",
-            key_path="my_judge.resources_servers.judge",
-        )
-    message = str(info.value)
+    message = error_message(
+        NeMoGymConfigError,
+        validate_server_config,
+        JudgeConfig,
+        {"host": "h", "port": 1, "entrypoint": "app.py", "name": "my_judge"},
+        server_id="my_judge",
+        key_path="my_judge.resources_servers.judge",
+    )
     assert "Server `my_judge`" in message
     assert "missing required field `judge_model_server`" in message
     assert "+my_judge.resources_servers.judge.judge_model_server=..." in message
@@ -203,9 +204,11 @@ def test_from_global_config_ignores_other_keys_and_resolves():
 
 
 def test_from_global_config_missing_required_with_did_you_mean():
-    with pytest.raises(NeMoGymConfigError) as info:
-        RolloutsConfig.from_global_config({"output_jsonl_fpth": "o.jsonl", "policy_base_url": "x"})
-    message = str(info.value)
+    message = error_message(
+        NeMoGymConfigError,
+        RolloutsConfig.from_global_config,
+        {"output_jsonl_fpth": "o.jsonl", "policy_base_url": "x"},
+    )
     assert "missing required parameter `+output_jsonl_fpath=...`" in message
     assert "did you mean `+output_jsonl_fpath`" in message
     assert "`+output_jsonl_fpth`" in message
@@ -220,9 +223,9 @@ def test_from_global_config_missing_without_near_miss():
 
 
 def test_from_global_config_invalid_value():
-    with pytest.raises(NeMoGymConfigError) as info:
-        RolloutsConfig.from_global_config({"output_jsonl_fpath": "o", "limit": "many", "mode": "c"})
-    message = str(info.value)
+    message = error_message(
+        NeMoGymConfigError, RolloutsConfig.from_global_config, {"output_jsonl_fpath": "o", "limit": "many", "mode": "c"}
+    )
     assert "invalid parameter `+limit`" in message and "'many'" in message
     assert "invalid parameter `+mode`: Must be one of: 'a' or 'b'" in message
 

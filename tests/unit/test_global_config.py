@@ -1,4 +1,3 @@
-import random
 import re
 import socket
 import sys
@@ -14,6 +13,8 @@ from nemo_gym.config import ports
 from nemo_gym.config import global_config as gc
 from nemo_gym.config.types import BaseRunServerInstanceConfig, ModelServerRef
 from nemo_gym.errors import NeMoGymConfigError
+from nemo_gym.testing.asserts import error_message
+from nemo_gym.testing.stack import free_port_block
 from nemo_gym.config.global_config import (
     NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
     NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
@@ -50,24 +51,6 @@ def write(path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(text))
     return path
-
-
-def free_block(span: int) -> int:
-    """A base port with [base, base + span) free now, below the ephemeral range (32768+)."""
-    for _ in range(200):
-        base = random.randint(21000, 32000 - span)
-        socks = []
-        try:
-            for p in range(base, base + span):
-                socks.append(socket.socket())
-                socks[-1].bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port block")
 
 
 def plain(cfg) -> dict:
@@ -365,10 +348,14 @@ def test_server_refs_valid():
     parse_global_config(stack(), allocate_ports=False)
 
 
+def server_ref_error(name: str) -> str:
+    """The config error when the agent's resources server ref names `name`."""
+    override = f"my_agent.responses_api_agents.simple_agent.resources_server.name={name}"
+    return error_message(NeMoGymConfigError, parse_global_config, stack() + [override], allocate_ports=False)
+
+
 def test_server_ref_missing_name_lists_existing():
-    with pytest.raises(NeMoGymConfigError) as info:
-        parse_global_config(stack() + ["my_agent.responses_api_agents.simple_agent.resources_server.name=my_rse"], allocate_ports=False)
-    message = str(info.value)
+    message = server_ref_error("my_rse")
     assert "refers to resources_servers server `my_rse`" in message
     assert "which does not exist" in message
     assert "Existing resources_servers servers: my_res." in message
@@ -376,9 +363,7 @@ def test_server_ref_missing_name_lists_existing():
 
 
 def test_server_ref_wrong_type():
-    with pytest.raises(NeMoGymConfigError) as info:
-        parse_global_config(stack() + ["my_agent.responses_api_agents.simple_agent.resources_server.name=policy_model"], allocate_ports=False)
-    message = str(info.value)
+    message = server_ref_error("policy_model")
     assert "`policy_model` is a responses_api_models server, not one of resources_servers" in message
     assert "Existing resources_servers servers: my_res." in message
 
@@ -459,9 +444,7 @@ def test_missing_value_left_unset_in_server_block():
                 url: ???
         """,
     )
-    with pytest.raises(NeMoGymConfigError) as info:
-        parse_global_config(["+config_paths=[a.yaml]"], allocate_ports=False)
-    message = str(info.value)
+    message = error_message(NeMoGymConfigError, parse_global_config, ["+config_paths=[a.yaml]"], allocate_ports=False)
     assert "`judge.resources_servers.my_judge.judge.url`" in message
     assert "+judge.resources_servers.my_judge.judge.url=..." in message
     cfg = parse_global_config(["+config_paths=[a.yaml]", "+judge.resources_servers.my_judge.judge.url=http://j"], allocate_ports=False)
@@ -473,9 +456,7 @@ def test_missing_required_field_names_server_and_field():
         judge_model_server: ModelServerRef
 
     cfg = parse_global_config(stack(), allocate_ports=False)
-    with pytest.raises(NeMoGymConfigError) as info:
-        gc.load_server_config(JudgeConfig, "my_res", cfg)
-    message = str(info.value)
+    message = error_message(NeMoGymConfigError, gc.load_server_config, JudgeConfig, "my_res", cfg)
     assert "Server `my_res`" in message
     assert "missing required field `judge_model_server`" in message
     assert "+my_res.resources_servers.mcqa.judge_model_server=..." in message
@@ -500,9 +481,7 @@ def test_unknown_server_id():
 
 def test_missing_config_file():
     write("a.yaml", "config_paths: [missing_child.yaml]\n")
-    with pytest.raises(NeMoGymConfigError) as info:
-        parse_global_config(["+config_paths=[a.yaml]"], allocate_ports=False)
-    message = str(info.value)
+    message = error_message(NeMoGymConfigError, parse_global_config, ["+config_paths=[a.yaml]"], allocate_ports=False)
     assert "Config file `missing_child.yaml` not found" in message
     assert f"listed by config_paths in {Path.cwd() / 'a.yaml'}" in message
     assert str(Path.cwd() / "missing_child.yaml") in message
@@ -514,9 +493,7 @@ def test_missing_config_file():
 
 def test_yaml_syntax_error_names_file_and_line():
     write("bad.yaml", "ok: 1\nlist: [1, 2\nnext: 3\n")
-    with pytest.raises(NeMoGymConfigError) as info:
-        parse_global_config(["+config_paths=[bad.yaml]"], allocate_ports=False)
-    message = str(info.value)
+    message = error_message(NeMoGymConfigError, parse_global_config, ["+config_paths=[bad.yaml]"], allocate_ports=False)
     assert message.startswith(f"YAML syntax error in {Path.cwd() / 'bad.yaml'}, line ")
     assert re.search(r"line [23], column \d+", message)
 
@@ -552,9 +529,7 @@ def test_bad_override_syntax():
 
 def test_unresolved_interpolation_in_dump():
     cfg = parse_global_config(stack(), allocate_ports=False)
-    with pytest.raises(NeMoGymConfigError) as info:
-        dump_config_yaml(cfg)
-    message = str(info.value)
+    message = error_message(NeMoGymConfigError, dump_config_yaml, cfg)
     assert "`policy_base_url` is not set" in message
     assert "Pass `+policy_base_url=...` on the command line or put it in env.yaml." in message
     assert "policy_model.responses_api_models.openai_model.openai_base_url" in message
@@ -659,7 +634,7 @@ def test_ports_allocated_reserved_and_disallowed():
 
 
 def test_allocation_avoids_disallowed_and_head_port():
-    low = free_block(5)
+    low = free_port_block(5)
     cfg = parse_global_config(
         stack()
         + [f"+port_range_low={low}", f"+port_range_high={low + 4}", f"+head_server.port={low}", f"+disallowed_ports=[{low + 1}]"]

@@ -1,44 +1,16 @@
-import random
 import socket
 
 import pytest
 
 from nemo_gym.config import ports
 from nemo_gym.errors import NeMoGymConfigError
+from nemo_gym.testing.stack import free_port, free_port_block
 
 
 @pytest.fixture(autouse=True)
 def _release():
     yield
     ports.release_all()
-
-
-def free_block(span: int) -> int:
-    """A base port such that [base, base + span) is free right now, below the ephemeral range
-    (32768+) so outgoing connections of concurrent test runs cannot take it meanwhile."""
-    for _ in range(200):
-        base = random.randint(21000, 32000 - span)
-        socks = []
-        try:
-            for p in range(base, base + span):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port block")
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_two_reservations_never_equal():
@@ -77,7 +49,7 @@ def test_reserved_socket_is_listening_and_can_be_taken():
 
 
 def test_explicit_port_reserved_and_idempotent():
-    port = _free_port()
+    port = free_port()
     assert ports.reserve_port("127.0.0.1", port=port) == port
     assert ports.reserve_port("127.0.0.1", port=port) == port  # already ours
     assert ("127.0.0.1", port) in ports.reserved_ports()
@@ -98,7 +70,7 @@ def test_explicit_busy_port_errors():
 
 
 def test_disallowed_ports_avoided():
-    low = free_block(10)
+    low = free_port_block(10)
     allowed = low + 7
     disallowed = [p for p in range(low, low + 10) if p != allowed]
     for _ in range(3):
@@ -108,13 +80,13 @@ def test_disallowed_ports_avoided():
 
 
 def test_range_exhausted():
-    low = free_block(3)
+    low = free_port_block(3)
     with pytest.raises(NeMoGymConfigError, match="range is exhausted"):
         ports.reserve_port("127.0.0.1", low=low, high=low + 2, disallowed=[low, low + 1, low + 2])
 
 
 def test_range_exhausted_by_own_reservations():
-    low = free_block(2)
+    low = free_port_block(2)
     a = ports.reserve_port("127.0.0.1", low=low, high=low + 1)
     b = ports.reserve_port("127.0.0.1", low=low, high=low + 1)
     assert {a, b} == {low, low + 1}
@@ -123,7 +95,7 @@ def test_range_exhausted_by_own_reservations():
 
 
 def test_busy_ports_in_range_are_skipped():
-    low = free_block(3)
+    low = free_port_block(3)
     holders = []
     for p in (low, low + 1):
         s = socket.socket()

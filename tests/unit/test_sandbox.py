@@ -23,25 +23,10 @@ from nemo_gym.isolation.sandbox import (
     SandboxSetupError,
     run_python,
 )
+from nemo_gym.testing.sandbox import requires_root, sandbox_uid_processes, uid_of
 
-ROOT = os.geteuid() == 0
-requires_root = pytest.mark.skipif(not ROOT, reason="the full sandbox (namespaces, dedicated uid) needs root")
 SMALL = SandboxLimits(cpu_seconds=5, memory_bytes=256 << 20, max_processes=8, wall_seconds=20)
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def sandbox_uid_processes() -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/status") as f:
-                    uid = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
-            except (OSError, StopIteration):
-                continue
-            if UID_POOL_BASE <= uid < UID_POOL_BASE + UID_POOL_SIZE:
-                pids.append(int(entry))
-    return pids
 
 
 def run(code: str, limits: SandboxLimits = SMALL, **kwargs):
@@ -259,19 +244,11 @@ def test_fork_bomb_is_contained_and_fully_killed():
         process = sandbox.start(sandbox.python_argv("main.py"), files={"main.py": bomb})
         uid = sandbox.enforced["uid"]
         time.sleep(1.0)
-        live = [pid for pid in sandbox_uid_processes() if _uid_of(pid) == uid]
+        live = [pid for pid in sandbox_uid_processes() if uid_of(pid) == uid]
         assert 1 <= len(live) <= 8  # RLIMIT_NPROC holds it at the cap
         assert not process.wait()  # never ends by itself: killed at the wall-clock limit
     assert time.monotonic() - started < 15
-    assert [pid for pid in sandbox_uid_processes() if _uid_of(pid) == uid] == []
-
-
-def _uid_of(pid: int):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
-    except (OSError, StopIteration):
-        return None
+    assert [pid for pid in sandbox_uid_processes() if uid_of(pid) == uid] == []
 
 
 @requires_root
@@ -281,7 +258,7 @@ def test_children_that_leave_the_process_group_are_killed_too():
         result = sandbox.run(sandbox.python_argv("main.py"), files={"main.py": code})
         uid = sandbox.enforced["uid"]
     assert result.returncode == 0 and result.stdout == b"parent exits\n"
-    assert [pid for pid in sandbox_uid_processes() if _uid_of(pid) == uid] == []
+    assert [pid for pid in sandbox_uid_processes() if uid_of(pid) == uid] == []
 
 
 # -------------------------------------------------------------------------------------------- conversation

@@ -1,61 +1,27 @@
-import asyncio
 import json
 import random
 import re
 import time
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from nemo_gym.openai_utils import NeMoGymResponse
-from nemo_gym.server_utils import ServerClient
-from resources_servers.arc_agi.app import (
-    ARCAGIResourcesServer,
-    ARCAGIResourcesServerConfig,
-    ARCAGIVerifyRequest,
-    grid_candidates,
-    parse_grid,
-)
+from nemo_gym.testing.responses import function_call, make_response, message, reasoning
+from nemo_gym.testing.servers import Verifier, example_rows, make_server
+from resources_servers.arc_agi.app import ARCAGIResourcesServer, ARCAGIVerifyRequest, grid_candidates, parse_grid
 
-DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
 PARAMS = {"input": [{"role": "user", "content": "Mirror the grid. Test input: [[1, 2], [3, 4]]"}]}
 EXPECTED = [[2, 1], [4, 3]]
 
 
-def make_server() -> ARCAGIResourcesServer:
-    config = ARCAGIResourcesServerConfig(
-        host="127.0.0.1", port=0, entrypoint="app.py", name="arc_agi", domain="knowledge"
-    )
-    server_client = ServerClient(head_server_config=None, global_config_dict={})
-    return ARCAGIResourcesServer(config=config, server_client=server_client)
+def new_server() -> ARCAGIResourcesServer:
+    return make_server(ARCAGIResourcesServer, name="arc_agi", domain="knowledge")
 
 
-def message(*texts: str, msg_id: str = "msg_1") -> dict:
-    return {
-        "id": msg_id,
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []} for text in texts],
-    }
-
-
-def make_response(*output) -> NeMoGymResponse:
-    output = [message(item) if isinstance(item, str) else item for item in output]
-    return NeMoGymResponse(id="resp_1", created_at=0, model="test-model", output=output)
-
-
-def verify(*output):
-    body = ARCAGIVerifyRequest(
-        responses_create_params=PARAMS,
-        response=make_response(*output),
-        expected_output=EXPECTED,
-        test_input=[[1, 2], [3, 4]],
-        task_id="mirror",
-    )
-    return asyncio.run(make_server().verify(body))
+verify = Verifier(
+    new_server, ARCAGIVerifyRequest, PARAMS, expected_output=EXPECTED, test_input=[[1, 2], [3, 4]], task_id="mirror"
+)
 
 
 # ----------------------------------------------------------------------------------------------- parsing
@@ -142,10 +108,10 @@ def test_unparseable_answers_score_zero(text):
 
 
 def test_text_of_all_assistant_messages_is_read():
-    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": r"\boxed{[[0]]}"}]}
-    tool = {"type": "function_call", "name": "f", "arguments": '{"g": [[0]]}', "call_id": "c1"}
+    thought = reasoning(r"\boxed{[[0]]}")
+    tool = function_call("f", {"g": [[0]]}, call_id="c1")
     answer = message(r"\boxed{[[2,1],", "[4,3]]}", msg_id="m2")  # split across two parts
-    result = verify(reasoning, tool, message("Thinking...", msg_id="m1"), answer)
+    result = verify(thought, tool, message("Thinking...", msg_id="m1"), answer)
     assert result.reward == 1.0
 
 
@@ -165,12 +131,8 @@ def test_expected_output_is_required_and_must_be_a_grid():
 
 
 def test_http_verify():
-    with TestClient(make_server().build_app()) as client:
-        body = {
-            "responses_create_params": PARAMS,
-            "response": make_response(r"\boxed{[[2,1],[4,3]]}").model_dump(mode="json"),
-            "expected_output": EXPECTED,
-        }
+    with TestClient(new_server().build_app()) as client:
+        body = verify.body(r"\boxed{[[2,1],[4,3]]}")
         verified = client.post("/verify", json=body)
         assert verified.status_code == 200
         assert verified.json()["reward"] == 1.0 and verified.json()["predicted_output"] == EXPECTED
@@ -180,20 +142,15 @@ def test_http_verify():
 # ----------------------------------------------------------------------------------------------- data
 
 
-def load_rows() -> list[dict]:
-    return [json.loads(line) for line in DATA_PATH.read_text().splitlines()]
-
-
 def grid_text(grid) -> str:
     return "\n".join(" ".join(str(cell) for cell in row) for row in grid)
 
 
 def test_example_rows_validate_and_show_their_grids():
-    rows = load_rows()
+    rows = example_rows(__file__)
     assert len(rows) == 5
-    placeholder = make_response("placeholder").model_dump(mode="json")
     for row in rows:
-        request = ARCAGIVerifyRequest.model_validate({**row, "response": placeholder})
+        request = verify.row_request(row, "placeholder")
         prompt = request.responses_create_params.input[0].content
         assert grid_text(request.test_input) in prompt
         for pair in request.train:
@@ -202,8 +159,7 @@ def test_example_rows_validate_and_show_their_grids():
 
 
 def test_example_rows_reward_the_expected_grid():
-    server = make_server()
-    for row in load_rows():
+    server = new_server()
+    for row in example_rows(__file__):
         answer = rf"The rule is clear. \boxed{{{json.dumps(row['expected_output'])}}}"
-        body = ARCAGIVerifyRequest.model_validate({**row, "response": make_response(answer).model_dump(mode="json")})
-        assert asyncio.run(server.verify(body)).reward == 1.0, row["task_id"]
+        assert verify.verify_row(row, answer, server=server).reward == 1.0, row["task_id"]

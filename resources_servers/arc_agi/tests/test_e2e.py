@@ -6,11 +6,12 @@ with no box at all (accepted); row 4 boxes rows of space-separated digits, which
 """
 
 from nemo_gym.testing.e2e import collect_examples_e2e
+from nemo_gym.testing.script import answer_rule
 
 
 def answer(test_input, text):
     """The test input's first row, right after "Test input:", tells the rows apart."""
-    return {"name": test_input, "match": {"last_user_contains": "Test input:\n" + test_input + "\n"}, "output": [text]}
+    return answer_rule("Test input:\n" + test_input + "\n", text, name=test_input)
 
 
 SCRIPT = [

@@ -8,12 +8,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from nemo_gym.openai_utils import NeMoGymResponse
-from nemo_gym.isolation.sandbox import UID_POOL_BASE, UID_POOL_SIZE
-from nemo_gym.server_utils import ServerClient
+from nemo_gym.testing.responses import make_response, reasoning
+from nemo_gym.testing.sandbox import requires_root, sandbox_uid_processes
+from nemo_gym.testing.servers import Verifier, example_rows, make_server
 from resources_servers.code_gen.app import (
     CodeGenResourcesServer,
-    CodeGenResourcesServerConfig,
     CodeGenRunRequest,
     CodeGenVerifyRequest,
     extract_code,
@@ -45,68 +44,25 @@ class Solution:
             seen[x] = i
 """
 
-requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="the full sandbox (namespaces, dedicated uid) needs root")
-
-
-def make_server(**config) -> CodeGenResourcesServer:
+def new_server(**config) -> CodeGenResourcesServer:
     config.setdefault("use_ray", False)
     config.setdefault("num_processes", 2)
-    cfg = CodeGenResourcesServerConfig(
-        host="127.0.0.1", port=0, entrypoint="app.py", name="code_gen", domain="coding", **config
-    )
-    client = ServerClient(head_server_config=None, global_config_dict={})
-    return CodeGenResourcesServer(config=cfg, server_client=client)
-
-
-def message(text: str, msg_id: str = "msg_1") -> dict:
-    return {
-        "id": msg_id,
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-
-
-def reasoning(text: str) -> dict:
-    return {"id": "rs_1", "type": "reasoning", "summary": [{"type": "summary_text", "text": text}]}
+    return make_server(CodeGenResourcesServer, name="code_gen", domain="coding", **config)
 
 
 def fenced(code: str, before: str = "Here is my solution.") -> str:
     return f"{before}\n```python\n{code}\n```\n"
 
 
-def make_response(*output) -> NeMoGymResponse:
-    output = [message(item) if isinstance(item, str) else item for item in output]
-    return NeMoGymResponse(id="resp_1", created_at=0, model="test-model", output=output)
+VERIFY = Verifier(new_server, CodeGenVerifyRequest, PARAMS)
 
 
 def request(*output, unit_tests=None) -> CodeGenVerifyRequest:
-    return CodeGenVerifyRequest(
-        responses_create_params=PARAMS,
-        response=make_response(*output),
-        verifier_metadata={"unit_tests": unit_tests or SUM_TESTS},
-    )
+    return VERIFY.request(*output, verifier_metadata={"unit_tests": unit_tests or SUM_TESTS})
 
 
 def verify(*output, unit_tests=None, server=None, **config):
-    server = server or make_server(**config)
-    return asyncio.run(server.verify(request(*output, unit_tests=unit_tests)))
-
-
-def sandbox_uid_processes() -> list[int]:
-    """Host PIDs of processes running as any sandbox uid."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/status") as f:
-                    uid = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
-            except (OSError, StopIteration):
-                continue
-            if UID_POOL_BASE <= uid < UID_POOL_BASE + UID_POOL_SIZE:
-                pids.append(int(entry))
-    return pids
+    return VERIFY.run(request(*output, unit_tests=unit_tests), server or new_server(**config))
 
 
 # ------------------------------------------------------------------------------------------------ extraction
@@ -291,12 +247,9 @@ def test_output_limit_is_a_runtime_error():
 
 
 def test_unit_tests_may_be_json_text():
-    body = CodeGenVerifyRequest(
-        responses_create_params=PARAMS, response=make_response(fenced(SUM)),
-        verifier_metadata={"unit_tests": json.dumps(SUM_TESTS)},
-    )
+    body = VERIFY.request(fenced(SUM), verifier_metadata={"unit_tests": json.dumps(SUM_TESTS)})
     assert body.verifier_metadata.unit_tests.inputs == SUM_TESTS["inputs"]
-    assert asyncio.run(make_server().verify(body)).reward == 1.0
+    assert VERIFY.run(body).reward == 1.0
 
 
 def test_request_fields_are_echoed():
@@ -304,7 +257,7 @@ def test_request_fields_are_echoed():
     body = CodeGenVerifyRequest.model_validate(
         {**body.model_dump(), "verifier_metadata": {"unit_tests": SUM_TESTS, "problem_id": "p-1"}}
     )
-    result = asyncio.run(make_server().verify(body))
+    result = VERIFY.run(body)
     assert result.verifier_metadata.unit_tests.inputs == SUM_TESTS["inputs"]
     assert result.verifier_metadata.model_dump()["problem_id"] == "p-1"
     assert result.model_dump()["responses_create_params"]["input"][0]["content"] == PARAMS["input"][0]["content"]
@@ -353,7 +306,7 @@ def test_hostile_programs_are_stopped_and_scored_zero_while_the_server_keeps_ser
     listener.listen()
     port = listener.getsockname()[1]
     listener.settimeout(0.0)
-    server = make_server(unit_test_timeout_secs=2, max_processes=8, memory_limit_mb=256, num_processes=2)
+    server = new_server(unit_test_timeout_secs=2, max_processes=8, memory_limit_mb=256, num_processes=2)
     try:
         with TestClient(server.build_app()) as client:
             for name, code in HOSTILE.items():
@@ -383,7 +336,7 @@ def test_hostile_programs_are_stopped_and_scored_zero_while_the_server_keeps_ser
 
 @requires_root
 def test_the_specific_verdicts_of_hostile_programs():
-    server = make_server(unit_test_timeout_secs=1, max_processes=8, memory_limit_mb=256)
+    server = new_server(unit_test_timeout_secs=1, max_processes=8, memory_limit_mb=256)
     loop = verify(fenced(HOSTILE["loops forever"]), server=server)
     assert loop.result == [-3]
     memory = verify(fenced(HOSTILE["allocates without bound"]), server=server)
@@ -421,7 +374,7 @@ def test_program_sees_an_isolated_world():
 
 
 async def test_the_event_loop_keeps_serving_while_a_program_runs():
-    server = make_server(unit_test_timeout_secs=3, num_processes=2)
+    server = new_server(unit_test_timeout_secs=3, num_processes=2)
     app = server.build_app()
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -440,10 +393,6 @@ async def test_the_event_loop_keeps_serving_while_a_program_runs():
 # ------------------------------------------------------------------------------------------------ examples
 
 
-def example_rows() -> list[dict]:
-    return [json.loads(line) for line in DATA_PATH.read_text().splitlines() if line.strip()]
-
-
 REFERENCE_SOLUTIONS = [
     "print(sum(ch in 'aeiouAEIOU' for ch in input()))",
     "input()\nvalues = sorted(set(map(int, input().split())))\nprint(values[-2] if len(values) > 1 else -1)",
@@ -460,7 +409,7 @@ REFERENCE_SOLUTIONS = [
 
 
 def test_example_rows_validate_and_cover_both_modes():
-    rows = example_rows()
+    rows = example_rows(__file__)
     assert len(rows) == 5
     modes = set()
     for row in rows:
@@ -473,8 +422,7 @@ def test_example_rows_validate_and_cover_both_modes():
 
 
 def test_example_rows_accept_their_reference_solutions():
-    server = make_server()
-    for row, solution in zip(example_rows(), REFERENCE_SOLUTIONS):
-        body = CodeGenVerifyRequest.model_validate({**row, "response": make_response(fenced(solution)).model_dump()})
-        result = asyncio.run(server.verify(body))
+    server = new_server()
+    for row, solution in zip(example_rows(__file__), REFERENCE_SOLUTIONS):
+        result = VERIFY.verify_row(row, fenced(solution), server=server)
         assert result.reward == 1.0, (row["verifier_metadata"]["problem_id"], result.result, result.metadata)

@@ -7,12 +7,13 @@ instead of reversed (0.0).
 """
 
 from nemo_gym.testing.e2e import collect_examples_e2e
+from nemo_gym.testing.script import answer_rule
 
 
 def answer(question_part, code, *, reasoning=None):
     output = [{"type": "reasoning", "text": reasoning}] if reasoning else []
     output.append(f"Here is a solution.\n\n```python\n{code}\n```")
-    return {"name": question_part, "match": {"last_user_contains": question_part}, "output": output}
+    return answer_rule(question_part, *output)
 
 
 SCRIPT = [

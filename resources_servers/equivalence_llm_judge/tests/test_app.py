@@ -1,18 +1,17 @@
 import asyncio
-import json
-from pathlib import Path
 from typing import Optional
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.server_utils import ServerClient
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.testing.judge import FakeJudge
+from nemo_gym.testing.responses import function_call, function_call_output, make_response, message, reasoning
+from nemo_gym.testing.servers import Verifier, example_rows, make_server
 from resources_servers.equivalence_llm_judge.app import (
     DEFAULT_JUDGE_PROMPT_TEMPLATE,
     LLMJudgeResourcesServer,
-    LLMJudgeResourcesServerConfig,
     LLMJudgeVerifyRequest,
     last_assistant_text,
     last_match,
@@ -20,7 +19,6 @@ from resources_servers.equivalence_llm_judge.app import (
     verdict_of,
 )
 
-DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
 EQ, NEQ = "[[A=B]]", "[[A!=B]]"
 QUESTION = "What is the capital city of Australia?"
 PARAMS = {"input": [{"role": "user", "content": QUESTION}]}
@@ -31,69 +29,22 @@ ROW_REGEX = {"output_regex": ANSWER_REGEX}
 # ----------------------------------------------------------------------------------------------- helpers
 
 
-def message(*texts: str, msg_id: str = "msg_1") -> dict:
-    return {
-        "id": msg_id,
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []} for text in texts],
-    }
-
-
-def make_response(*output) -> NeMoGymResponse:
-    output = [message(item) if isinstance(item, str) else item for item in output]
-    return NeMoGymResponse(id="resp_1", created_at=0, model="test-model", output=output)
-
-
-class FakeJudge:
-    """The judge model server behind a real ServerClient (httpx MockTransport): scripted replies, recorded calls.
-
-    A reply is a string (the judge's message text), a dict (a whole Responses object), an int (an HTTP error
-    status) or an Exception (raised by the transport)."""
-
-    def __init__(self, *replies) -> None:
-        self.replies = list(replies)
-        self.calls: list[dict] = []
-
-    def handler(self, request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/v1/responses"
-        self.calls.append(json.loads(request.content))
-        reply = self.replies.pop(0)
-        if isinstance(reply, Exception):
-            raise reply
-        if isinstance(reply, int):
-            return httpx.Response(reply, json={"error": {"message": "judge overloaded"}})
-        if isinstance(reply, str):
-            reply = make_response(reply).model_dump(mode="json")
-        return httpx.Response(200, json=reply)
-
-    def client(self, handler=None) -> ServerClient:
-        config = {"judge": {"responses_api_models": {"openai_model": {"host": "127.0.0.1", "port": 9}}}}
-        transport = httpx.MockTransport(handler or self.handler)
-        return ServerClient(global_config_dict=config, transport=transport, max_attempts=1)
-
-    def prompt(self, index: int) -> str:
-        return self.calls[index]["input"][-1]["content"]
-
-
-def make_server(judge: Optional[FakeJudge] = None, handler=None, **config) -> LLMJudgeResourcesServer:
-    config = LLMJudgeResourcesServerConfig(
-        host="127.0.0.1",
-        port=0,
-        entrypoint="app.py",
+def new_server(judge: Optional[FakeJudge] = None, handler=None, **config) -> LLMJudgeResourcesServer:
+    return make_server(
+        LLMJudgeResourcesServer,
         name="equivalence_llm_judge",
+        server_client=(judge or FakeJudge()).client(handler),
         domain="knowledge",
-        judge_model_server={"type": "responses_api_models", "name": "judge"},
+        judge_model_server=FakeJudge.server_ref,
         **config,
     )
-    return LLMJudgeResourcesServer(config=config, server_client=(judge or FakeJudge()).client(handler))
+
+
+VERIFY = Verifier(new_server, LLMJudgeVerifyRequest, PARAMS, expected_answer="Canberra")
 
 
 def verify(*output, judge: FakeJudge, params=PARAMS, config: Optional[dict] = None, **fields):
-    fields.setdefault("expected_answer", "Canberra")
-    body = LLMJudgeVerifyRequest(responses_create_params=params, response=make_response(*output), **fields)
-    return asyncio.run(make_server(judge, **(config or {})).verify(body))
+    return VERIFY(*output, server=new_server(judge, **(config or {})), responses_create_params=params, **fields)
 
 
 def labels(result) -> list:
@@ -125,10 +76,10 @@ def test_last_match(pattern, text, found):
 def test_last_assistant_text_reads_only_the_last_message():
     response = make_response(
         message("first message", msg_id="m1"),
-        {"type": "function_call", "name": "f", "arguments": "{}", "call_id": "c1"},
-        {"type": "function_call_output", "call_id": "c1", "output": "tool says Sydney"},
+        function_call("f", {}, call_id="c1"),
+        function_call_output("tool says Sydney", call_id="c1"),
         message("part one", " part two ", msg_id="m2"),
-        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "thinking"}]},
+        reasoning("thinking"),
     )
     assert last_assistant_text(response) == "part one\n part two"
     assert last_assistant_text(make_response()) == ""
@@ -157,7 +108,7 @@ def test_verdict_of():
     assert verdict_of(make_response(f"{NEQ} though maybe {EQ}"), EQ, NEQ) == NEQ  # the first label wins
     assert verdict_of(make_response("no label"), EQ, NEQ) is None
     assert verdict_of(make_response(message(EQ, "no label in the last part")), EQ, NEQ) is None
-    assert verdict_of(make_response(message(EQ), {"type": "reasoning", "id": "r", "summary": []}), EQ, NEQ) is None
+    assert verdict_of(make_response(message(EQ), reasoning(item_id="r")), EQ, NEQ) is None
     assert verdict_of(make_response(), EQ, NEQ) is None
     assert verdict_of(make_response("<<yes>>"), "<<yes>>", "<<no>>") == "<<yes>>"
 
@@ -231,8 +182,8 @@ def test_swap_check_is_not_run_after_not_equal():
     [
         (),
         ("   ",),
-        ({"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Canberra"}]},),
-        ({"type": "function_call", "name": "lookup", "arguments": '{"city"', "call_id": "c1"},),
+        (reasoning("Canberra"),),
+        (function_call("lookup", '{"city"', call_id="c1"),),
         ({"id": "m", "type": "message", "role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},),
     ],
 )
@@ -365,10 +316,7 @@ def test_judge_returning_non_json_is_an_error():
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=b"<html>gateway</html>")
 
-    body = LLMJudgeVerifyRequest(
-        responses_create_params=PARAMS, response=make_response("Canberra"), expected_answer="Canberra"
-    )
-    result = asyncio.run(make_server(handler=handler).verify(body))
+    result = VERIFY("Canberra", server=new_server(handler=handler))
     assert result.reward == 0.0 and result.failure_reason == "judge_error" and result.judge_error
 
 
@@ -404,13 +352,13 @@ def test_prompt_template_from_a_file(tmp_path):
     verify("Canberra", judge=judge, config={"judge_prompt_template_fpath": str(template)})
     assert judge.prompt(0) == "A=Canberra B=Canberra"
     with pytest.raises(FileNotFoundError, match="judge_prompt_template_fpath"):
-        make_server(judge_prompt_template_fpath="no/such/template.txt")
+        new_server(judge_prompt_template_fpath="no/such/template.txt")
 
 
 @pytest.mark.parametrize("template", ["{answer}", r"\frac{1}{2} {question}", "{0}", "{question"])
 def test_broken_templates_fail_at_start_up(template):
     with pytest.raises(ValueError, match="literal braces must be doubled"):
-        make_server(judge_prompt_template=template)
+        new_server(judge_prompt_template=template)
 
 
 def test_braces_in_answers_are_not_format_fields():
@@ -436,10 +384,8 @@ def test_judge_calls_are_bounded_by_max_concurrency():
         in_flight -= 1
         return httpx.Response(200, json=make_response(EQ).model_dump(mode="json"))
 
-    server = make_server(handler=handler, judge_endpoint_max_concurrency=2)
-    body = LLMJudgeVerifyRequest(
-        responses_create_params=PARAMS, response=make_response("Canberra"), expected_answer="Canberra"
-    )
+    server = new_server(handler=handler, judge_endpoint_max_concurrency=2)
+    body = VERIFY.request("Canberra")
 
     async def many():
         return await asyncio.gather(*(server.verify(body) for _ in range(8)))
@@ -463,12 +409,8 @@ def test_row_fields_are_echoed():
 
 def test_http_verify():
     judge = FakeJudge(EQ, 500)
-    with TestClient(make_server(judge).build_app()) as client:
-        body = {
-            "responses_create_params": PARAMS,
-            "response": make_response("Canberra").model_dump(mode="json"),
-            "expected_answer": "Canberra",
-        }
+    with TestClient(new_server(judge).build_app()) as client:
+        body = VERIFY.body("Canberra")
         ok = client.post("/verify", json=body)
         assert ok.status_code == 200 and ok.json()["reward"] == 1.0
         assert ok.json()["judge_evaluations"][0]["verdict_label"] == EQ
@@ -481,9 +423,8 @@ def test_http_verify():
 
 
 def test_example_rows_validate():
-    rows = [json.loads(line) for line in DATA_PATH.read_text().splitlines()]
+    rows = example_rows(__file__)
     assert len(rows) == 5
-    placeholder = make_response("placeholder").model_dump(mode="json")
-    requests = [LLMJudgeVerifyRequest.model_validate({**row, "response": placeholder}) for row in rows]
+    requests = [VERIFY.row_request(row, "placeholder") for row in rows]
     assert all(request.expected_answer for request in requests)
     assert any(request.template_metadata for request in requests)

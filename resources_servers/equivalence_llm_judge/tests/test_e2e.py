@@ -6,28 +6,27 @@ Judge rules come first: a judge prompt also holds the question the policy rules 
 """
 
 from nemo_gym.testing.e2e import collect_examples_e2e
+from nemo_gym.testing.script import answer_rules, rule
 
 SERVER_KEY = "equivalence_llm_judge_resources_server.resources_servers.equivalence_llm_judge"
 
-POLICY = [
-    ("capital city of Australia", "The capital of Australia is Canberra."),
-    ("symbol Fe", "Fe is the symbol of iron."),
-    ("Pride and Prejudice", "It was written in 1813 by a famous English novelist.\nAnswer: Charlotte Bronte"),  # wrong
-    ("Berlin Wall", "It came down in November, after weeks of protests.\nAnswer: 1989"),
-    ("largest planet", "Saturn is the largest planet."),  # wrong
-]
+POLICY = {
+    "capital city of Australia": "The capital of Australia is Canberra.",
+    "symbol Fe": "Fe is the symbol of iron.",
+    "Pride and Prejudice": "It was written in 1813 by a famous English novelist.\nAnswer: Charlotte Bronte",  # wrong
+    "Berlin Wall": "It came down in November, after weeks of protests.\nAnswer: 1989",
+    "largest planet": "Saturn is the largest planet.",  # wrong
+}
 
 
 def judge_rule(answer_b: str, verdict_text: str) -> dict:
     # Rule names go into a response header: no newlines.
     name = f"judge: {answer_b.strip()}"
-    return {"name": name, "match": {"last_user_regex": "<answer_b>\n" + answer_b}, "output": [verdict_text]}
+    return rule(verdict_text, name=name, last_user_regex="<answer_b>\n" + answer_b)
 
 
 def policy_rules() -> list[dict]:
-    return [
-        {"name": f"policy: {key}", "match": {"last_user_contains": key}, "output": [reply]} for key, reply in POLICY
-    ]
+    return answer_rules(POLICY, name_prefix="policy: ")
 
 
 JUDGE = [
@@ -61,11 +60,13 @@ def test_examples_end_to_end(tmp_path):
 def test_swap_check_over_http(tmp_path):
     swap = [
         # Rows 1 and 2 of the examples: the judge agrees in both orders for Canberra, only in one order for iron.
-        {"name": "swapped: Canberra", "match": {"last_user_regex": "<answer_a>\nThe capital of Australia"},
-         "output": ["Same city. [[A=B]]"]},
-        {"name": "swapped: iron", "match": {"last_user_regex": "<answer_a>\nFe is the symbol"},
-         "output": ["A is about a symbol, B is an element name. [[A!=B]]"]},
-        {"name": "swapped: 1989", "match": {"last_user_regex": "<answer_a>\n1989\n"}, "output": ["[[A=B]]"]},
+        rule("Same city. [[A=B]]", name="swapped: Canberra", last_user_regex="<answer_a>\nThe capital of Australia"),
+        rule(
+            "A is about a symbol, B is an element name. [[A!=B]]",
+            name="swapped: iron",
+            last_user_regex="<answer_a>\nFe is the symbol",
+        ),
+        rule("[[A=B]]", name="swapped: 1989", last_user_regex="<answer_a>\n1989\n"),
     ]
     rows = collect_examples_e2e(
         "equivalence_llm_judge",

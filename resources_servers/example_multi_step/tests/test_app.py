@@ -1,51 +1,25 @@
-import asyncio
-import json
-from pathlib import Path
-
 import pytest
 from fastapi.testclient import TestClient
 
 from nemo_gym.openai_utils import NeMoGymResponse
-from nemo_gym.server_utils import ServerClient
+from nemo_gym.testing.responses import function_call as call
+from nemo_gym.testing.responses import function_call_output, make_response, message
+from nemo_gym.testing.servers import Verifier, example_rows, make_server
 from resources_servers.example_multi_step.app import (
     ExampleMultiStepResourcesServer,
-    ExampleMultiStepResourcesServerConfig,
     ExampleMultiStepVerifyRequest,
     synonym_value,
 )
 
-DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
 PARAMS = {"input": [{"role": "user", "content": "Glossary: Hot: Scorching, Sweltering. Which words mean hot?"}]}
 EXPECTED = [928, 1060]  # Scorching, Sweltering
 
 
-def make_server() -> ExampleMultiStepResourcesServer:
-    config = ExampleMultiStepResourcesServerConfig(
-        host="127.0.0.1", port=0, entrypoint="app.py", name="example_multi_step", domain="instruction_following"
-    )
-    return ExampleMultiStepResourcesServer(
-        config=config, server_client=ServerClient(head_server_config=None, global_config_dict={})
-    )
+def new_server() -> ExampleMultiStepResourcesServer:
+    return make_server(ExampleMultiStepResourcesServer, name="example_multi_step", domain="instruction_following")
 
 
-def make_response(*output: dict) -> NeMoGymResponse:
-    return NeMoGymResponse(id="resp_1", created_at=0, model="test-model", output=list(output))
-
-
-def message(text: str) -> dict:
-    return {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-
-
-def call(name: str, arguments, call_id: str = "call_1") -> dict:
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments)
-    return {"type": "function_call", "name": name, "arguments": arguments, "call_id": call_id}
+VERIFY = Verifier(new_server, ExampleMultiStepVerifyRequest, PARAMS, minefield_label="Hot", minefield_label_value=299)
 
 
 def extract(values) -> dict:
@@ -53,12 +27,7 @@ def extract(values) -> dict:
 
 
 def verify(response: NeMoGymResponse, expected=EXPECTED, **fields):
-    fields.setdefault("minefield_label", "Hot")
-    fields.setdefault("minefield_label_value", 299)
-    body = ExampleMultiStepVerifyRequest(
-        responses_create_params=PARAMS, response=response, expected_synonym_values=expected, **fields
-    )
-    return asyncio.run(make_server().verify(body))
+    return VERIFY(response=response, expected_synonym_values=expected, **fields)
 
 
 def test_synonym_value_is_the_sum_of_code_points():
@@ -73,7 +42,7 @@ def test_exact_list_after_lookups_gets_reward_one():
     result = verify(
         make_response(
             call("get_synonym_value", {"synonym": "Scorching"}),
-            {"type": "function_call_output", "call_id": "call_1", "output": '{"synonym_value": 928}'},
+            function_call_output({"synonym_value": 928}),
             extract([928, 1060]),
             message("Done."),
         )
@@ -149,24 +118,16 @@ def test_minefield_fields_are_optional():
 
 
 def test_http_tools_and_verify():
-    with TestClient(make_server().build_app()) as client:
+    with TestClient(new_server().build_app()) as client:
         assert client.post("/get_synonym_value", json={"synonym": "Warm"}).json() == {"synonym_value": 407}
         assert client.post("/extract_synonym_values", json={"synonym_values": [407]}).json() == {"success": True}
         assert client.post("/get_synonym_value", json={}).status_code == 422
 
-        response = make_response(extract([928, 1060]), message("Done."))
-        verified = client.post(
-            "/verify",
-            json={
-                "responses_create_params": PARAMS,
-                "response": response.model_dump(mode="json"),
-                "expected_synonym_values": EXPECTED,
-                "expected_synonyms": ["Scorching", "Sweltering"],
-                "minefield_label": "Hot",
-                "minefield_label_value": 299,
-                "agent_ref": {"name": "not echoed"},
-            },
+        body = VERIFY.body(
+            extract([928, 1060]), message("Done."), expected_synonym_values=EXPECTED,
+            expected_synonyms=["Scorching", "Sweltering"], agent_ref={"name": "not echoed"},
         )
+        verified = client.post("/verify", json=body)
         assert verified.status_code == 200
         body = verified.json()
         assert body["reward"] == 1.0 and body["accuracy"] is True
@@ -177,16 +138,11 @@ def test_http_tools_and_verify():
 # ----------------------------------------------------------------------------------------------- data
 
 
-def load_rows() -> list[dict]:
-    return [json.loads(line) for line in DATA_PATH.read_text().splitlines()]
-
-
 def test_example_rows_validate_and_are_consistent():
-    rows = load_rows()
+    rows = example_rows(__file__)
     assert len(rows) == 5
-    placeholder = make_response(message("placeholder")).model_dump(mode="json")
     for row in rows:
-        request = ExampleMultiStepVerifyRequest.model_validate({**row, "response": placeholder})
+        request = VERIFY.row_request(row, message("placeholder"))
         # The expected values are the tool's values of the expected synonyms, and those synonyms are in the prompt.
         assert request.expected_synonym_values == [synonym_value(s) for s in request.expected_synonyms]
         assert request.minefield_label_value == synonym_value(request.minefield_label)
@@ -199,15 +155,11 @@ def test_example_rows_validate_and_are_consistent():
 
 
 def test_example_rows_reward_the_ideal_trajectory():
-    server = make_server()
-    for row in load_rows():
-        ideal = make_response(
-            *[
-                call("get_synonym_value", {"synonym": synonym}, call_id=f"c{i}")
-                for i, synonym in enumerate(row["expected_synonyms"])
-            ],
-            extract(row["expected_synonym_values"]),
-            message("Done."),
-        )
-        body = ExampleMultiStepVerifyRequest.model_validate({**row, "response": ideal.model_dump(mode="json")})
-        assert asyncio.run(server.verify(body)).reward == 1.0
+    server = new_server()
+    for row in example_rows(__file__):
+        lookups = [
+            call("get_synonym_value", {"synonym": synonym}, call_id=f"c{i}")
+            for i, synonym in enumerate(row["expected_synonyms"])
+        ]
+        ideal = [*lookups, extract(row["expected_synonym_values"]), message("Done.")]
+        assert VERIFY.verify_row(row, *ideal, server=server).reward == 1.0

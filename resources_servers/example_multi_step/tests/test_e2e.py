@@ -9,10 +9,11 @@ the wrong order, and row 4 looks up the term itself instead of its first synonym
 import json
 
 from nemo_gym.testing.e2e import collect_examples_e2e
+from nemo_gym.testing.script import step, steps_rule, tool_call
 
 
 def call(name, arguments):
-    return {"output": [{"type": "function_call", "name": name, "arguments": arguments}]}
+    return step(tool_call(name, arguments))
 
 
 def lookup(synonym):
@@ -23,31 +24,27 @@ def report(values):
     return call("extract_synonym_values", {"synonym_values": values})
 
 
-DONE = {"output": ["I have reported the values."]}
+DONE = step("I have reported the values.")
 
 
-def rollout(question_part, *steps):
-    """One rule per row: the row's question picks it, the model step number picks the reply."""
-    return {"name": question_part, "match": {"last_user_contains": question_part}, "replies": list(steps)}
-
-
+# One rule per row: the row's question picks it, the model step number picks the reply.
 SCRIPT = [
-    rollout("40 degrees Celsius", lookup("Scorching"), lookup("Sweltering"), report([928, 1060]), DONE),
-    rollout(
+    steps_rule("40 degrees Celsius", lookup("Scorching"), lookup("Sweltering"), report([928, 1060]), DONE),
+    steps_rule(
         "awake for thirty hours",
         lookup("Weary"), lookup("Drowsy"), lookup("Sleepy"), report([520, 648, 626]), DONE,
     ),
     # Right values, wrong order.
-    rollout("four thousand years ago", lookup("Ancient"), lookup("Aged"), report([369, 706]), DONE),
+    steps_rule("four thousand years ago", lookup("Ancient"), lookup("Aged"), report([369, 706]), DONE),
     # A cut-off extract call first (not JSON: the agent makes no call and returns an error), then the right one.
-    rollout(
+    steps_rule(
         "no wind and no waves",
         lookup("Serene"), lookup("Tranquil"),
         call("extract_synonym_values", '{"synonym_values": [610, 848'),
         report([610, 848]), DONE,
     ),
     # The minefield: the term "Wet" itself instead of its synonym "Moist".
-    rollout(
+    steps_rule(
         "pulled out of the bathtub",
         lookup("Wet"), lookup("Damp"), lookup("Soaked"), report([304, 386, 599]), DONE,
     ),

@@ -1,31 +1,27 @@
 import asyncio
-import json
-from pathlib import Path
 
 from fastapi.testclient import TestClient
 from starlette.requests import Request
 
 from nemo_gym.openai_utils import NeMoGymResponse
-from nemo_gym.server_utils import SESSION_ID_KEY, ServerClient
+from nemo_gym.server_utils import SESSION_ID_KEY
+from nemo_gym.testing.responses import function_call, make_response, message
+from nemo_gym.testing.servers import Verifier, example_rows, make_server
 from resources_servers.example_session_state_mgmt.app import (
     CounterSeedSessionRequest,
     CounterVerifyRequest,
     ExampleSessionStateMgmtResourcesServer,
-    ExampleSessionStateMgmtResourcesServerConfig,
     IncrementCounterRequest,
 )
 
-DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
 PARAMS = {"input": [{"role": "user", "content": "Add 3 to the counter."}]}
 
 
-def make_server() -> ExampleSessionStateMgmtResourcesServer:
-    config = ExampleSessionStateMgmtResourcesServerConfig(
-        host="127.0.0.1", port=0, entrypoint="app.py", name="example_session_state_mgmt", domain="agent"
-    )
-    return ExampleSessionStateMgmtResourcesServer(
-        config=config, server_client=ServerClient(head_server_config=None, global_config_dict={})
-    )
+def new_server() -> ExampleSessionStateMgmtResourcesServer:
+    return make_server(ExampleSessionStateMgmtResourcesServer, name="example_session_state_mgmt", domain="agent")
+
+
+VERIFY = Verifier(new_server, CounterVerifyRequest, PARAMS)
 
 
 def session_request(session_id: str) -> Request:
@@ -34,33 +30,16 @@ def session_request(session_id: str) -> Request:
     return Request(scope)
 
 
-def make_response(*output: dict) -> NeMoGymResponse:
-    return NeMoGymResponse(id="resp_1", created_at=0, model="test-model", output=list(output))
-
-
-def message(text: str) -> dict:
-    return {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-
-
 def verify_body(expected_count: int, response: NeMoGymResponse | None = None) -> CounterVerifyRequest:
-    return CounterVerifyRequest(
-        responses_create_params=PARAMS,
-        response=response or make_response(message("The counter is done.")),
-        expected_count=expected_count,
-    )
+    response = response or make_response(message("The counter is done."))
+    return VERIFY.request(response=response, expected_count=expected_count)
 
 
 # ----------------------------------------------------------------------------------------------- direct calls
 
 
 def test_seeded_counter_reaching_the_expected_count_gets_reward_one():
-    server = make_server()
+    server = new_server()
     request = session_request("rollout-a")
 
     async def rollout():
@@ -77,7 +56,7 @@ def test_seeded_counter_reaching_the_expected_count_gets_reward_one():
 
 
 def test_wrong_final_count_gets_reward_zero():
-    server = make_server()
+    server = new_server()
     request = session_request("rollout-b")
 
     async def rollout():
@@ -91,12 +70,12 @@ def test_wrong_final_count_gets_reward_zero():
 
 def test_untouched_session_gets_reward_zero_even_if_zero_was_expected():
     # Like the reference: no state for this rollout means the task was not done.
-    result = asyncio.run(make_server().verify(session_request("never-seeded"), verify_body(0)))
+    result = asyncio.run(new_server().verify(session_request("never-seeded"), verify_body(0)))
     assert result.reward == 0.0 and result.final_count is None
 
 
 def test_unseeded_counter_starts_at_zero():
-    server = make_server()
+    server = new_server()
     request = session_request("rollout-c")
 
     async def rollout():
@@ -108,7 +87,7 @@ def test_unseeded_counter_starts_at_zero():
 
 
 def test_verify_frees_the_session_state():
-    server = make_server()
+    server = new_server()
     request = session_request("rollout-d")
 
     async def rollout():
@@ -125,10 +104,10 @@ def test_verify_frees_the_session_state():
 
 def test_verify_reads_state_not_the_transcript():
     # Malformed or misleading model output does not matter: only the counter does.
-    server = make_server()
+    server = new_server()
     request = session_request("rollout-e")
     garbage = make_response(
-        {"type": "function_call", "name": "increment_counter", "arguments": "{oops", "call_id": "c1"},
+        function_call("increment_counter", "{oops", call_id="c1"),
         message("The counter is 99."),
     )
 
@@ -150,7 +129,7 @@ def test_seed_request_ignores_other_row_fields():
 
 
 def test_http_sessions_keep_rollouts_apart():
-    app = make_server().build_app()
+    app = new_server().build_app()
     with TestClient(app) as rollout_a, TestClient(app) as rollout_b:  # each client keeps its own cookie
         assert rollout_a.post("/seed_session", json={"initial_count": 10, "expected_count": 17}).status_code == 200
         assert rollout_b.post("/seed_session", json={"initial_count": 100}).status_code == 200
@@ -166,16 +145,12 @@ def test_http_sessions_keep_rollouts_apart():
         assert rollout_a.post("/get_counter_value", json={}).json() == {"count": 17}
         assert rollout_b.post("/get_counter_value", json={}).json() == {"count": 99}
 
-        response = make_response(message("The counter is 17.")).model_dump(mode="json")
-        verified = rollout_a.post(
-            "/verify", json={"responses_create_params": PARAMS, "response": response, "expected_count": 17}
-        )
+        body = VERIFY.body(message("The counter is 17."), expected_count=17)
+        verified = rollout_a.post("/verify", json=body)
         assert verified.status_code == 200
         assert verified.json()["reward"] == 1.0 and verified.json()["final_count"] == 17
 
-        verified_b = rollout_b.post(
-            "/verify", json={"responses_create_params": PARAMS, "response": response, "expected_count": 17}
-        )
+        verified_b = rollout_b.post("/verify", json=body)
         assert verified_b.json()["reward"] == 0.0 and verified_b.json()["final_count"] == 99
 
     # A caller without the cookie is a different rollout and sees none of that state.
@@ -186,24 +161,19 @@ def test_http_sessions_keep_rollouts_apart():
 # ----------------------------------------------------------------------------------------------- data
 
 
-def load_rows() -> list[dict]:
-    return [json.loads(line) for line in DATA_PATH.read_text().splitlines()]
-
-
 def test_example_rows_validate():
-    rows = load_rows()
+    rows = example_rows(__file__)
     assert len(rows) == 5
-    placeholder = make_response(message("placeholder")).model_dump(mode="json")
     for row in rows:
-        CounterVerifyRequest.model_validate({**row, "response": placeholder})
+        VERIFY.row_request(row, message("placeholder"))
         assert "initial_count" in row
         CounterSeedSessionRequest.model_validate(row)
 
 
 def test_example_rows_are_solvable_over_http():
-    app = make_server().build_app()
+    app = new_server().build_app()
     placeholder = make_response(message("done")).model_dump(mode="json")
-    for row in load_rows():
+    for row in example_rows(__file__):
         with TestClient(app) as client:
             client.post("/seed_session", json=row)
             client.post("/increment_counter", json={"count": row["expected_count"] - row["initial_count"]})

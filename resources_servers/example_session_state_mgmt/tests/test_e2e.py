@@ -10,52 +10,36 @@ agent answers with an error without calling the tool, then the right one.
 import json
 
 from nemo_gym.testing.e2e import collect_examples_e2e
-
-
-def call(name, arguments):
-    return {"output": [{"type": "function_call", "name": name, "arguments": arguments}]}
+from nemo_gym.testing.script import answer_rule, step, steps_rule, tool_call
 
 
 def increment(count):
-    return call("increment_counter", {"count": count})
+    return tool_call("increment_counter", {"count": count})
 
 
-READ = call("get_counter_value", {})
+READ = tool_call("get_counter_value", {})
+ROW_2, ROW_4 = "ends at exactly 20", "Double the counter"
 
-
-def say(text):
-    return {"output": [text]}
-
-
-def rollout(request_part, *steps):
-    """The row's request picks the rule, the model step number picks the reply."""
-    return {"name": request_part, "match": {"last_user_contains": request_part}, "replies": list(steps)}
-
-
+# The row's request picks the rule; in a steps_rule the model step number picks the reply.
 SCRIPT = [
-    rollout("Add 3 to the counter, then add 4.", increment(3), increment(4), say("The counter is now 17.")),
-    rollout("Subtract 5 from the counter once.", increment(-5), say("The counter is now -3.")),
+    steps_rule(
+        "Add 3 to the counter, then add 4.", step(increment(3)), step(increment(4)), step("The counter is now 17.")
+    ),
+    steps_rule("Subtract 5 from the counter once.", step(increment(-5)), step("The counter is now -3.")),
     # Row 2 (seeded with 13): read, then add what the read value says is missing.
-    {"match": {"last_user_contains": "ends at exactly 20", "tool_outputs": 0}, **READ},
-    {"match": {"last_user_contains": "ends at exactly 20", "last_tool_output_contains": '"count":13'}, **increment(7)},
-    {"match": {"last_user_contains": "ends at exactly 20", "tool_outputs": 2}, **say("The counter is now 20.")},
+    answer_rule(ROW_2, READ, tool_outputs=0),
+    answer_rule(ROW_2, increment(7), last_tool_output_contains='"count":13'),
+    answer_rule(ROW_2, "The counter is now 20.", tool_outputs=2),
     # Row 3: one increment short.
-    rollout("Add 1 to the counter three times", increment(1), increment(1), say("Done, I added 1 three times.")),
+    steps_rule(
+        "Add 1 to the counter three times", step(increment(1)), step(increment(1)), step("Done, I added 1 three times.")
+    ),
     # Row 4 (seeded with 21): read, a cut-off call, the right call on the value read, read again, answer.
-    {"match": {"last_user_contains": "Double the counter", "tool_outputs": 0}, **READ},
-    {
-        "match": {"last_user_contains": "Double the counter", "last_tool_output_contains": '"count":21'},
-        **call("increment_counter", '{"count": 2'),
-    },
-    {
-        "match": {"last_user_contains": "Double the counter", "last_tool_output_contains": "not valid JSON"},
-        **increment(21),
-    },
-    {"match": {"last_user_contains": "Double the counter", "last_tool_output_contains": '"success":true'}, **READ},
-    {
-        "match": {"last_user_contains": "Double the counter", "last_tool_output_contains": '"count":42'},
-        **say("The counter is now 42."),
-    },
+    answer_rule(ROW_4, READ, tool_outputs=0),
+    answer_rule(ROW_4, tool_call("increment_counter", '{"count": 2'), last_tool_output_contains='"count":21'),
+    answer_rule(ROW_4, increment(21), last_tool_output_contains="not valid JSON"),
+    answer_rule(ROW_4, READ, last_tool_output_contains='"success":true'),
+    answer_rule(ROW_4, "The counter is now 42.", last_tool_output_contains='"count":42'),
 ]
 
 

@@ -1,60 +1,29 @@
 """The verify endpoint: answer text selection, grading modes, per-instruction errors, request models, data."""
 
-import asyncio
-import json
-from pathlib import Path
-
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from nemo_gym.openai_utils import NeMoGymResponse
-from nemo_gym.server_utils import ServerClient
+from nemo_gym.testing.responses import function_call, function_call_output, make_response, message, reasoning
+from nemo_gym.testing.servers import Verifier, example_rows, make_server
 from resources_servers.instruction_following.app import (
     InstructionFollowingResourcesServer,
-    InstructionFollowingResourcesServerConfig,
     InstructionFollowingVerifyRequest,
 )
 
-DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
 PROMPT = "Describe the sea in fewer than 10 words, in lowercase, without commas."
 PARAMS = {"input": [{"role": "user", "content": PROMPT}]}
 IDS = ["change_case:english_lowercase", "punctuation:no_comma", "length_constraints:number_words"]
 KWARGS = [None, {}, {"num_words": 10, "relation": "less than"}]
 
 
-def make_server() -> InstructionFollowingResourcesServer:
-    config = InstructionFollowingResourcesServerConfig(
-        host="127.0.0.1", port=0, entrypoint="app.py", name="instruction_following", domain="instruction_following"
+def new_server() -> InstructionFollowingResourcesServer:
+    return make_server(
+        InstructionFollowingResourcesServer, name="instruction_following", domain="instruction_following"
     )
-    server_client = ServerClient(head_server_config=None, global_config_dict={})
-    return InstructionFollowingResourcesServer(config=config, server_client=server_client)
 
 
-def message(*texts: str, msg_id: str = "msg_1") -> dict:
-    return {
-        "id": msg_id,
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []} for text in texts],
-    }
-
-
-def reasoning(text: str) -> dict:
-    return {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": text}]}
-
-
-def make_response(*output) -> NeMoGymResponse:
-    output = [message(item) if isinstance(item, str) else item for item in output]
-    return NeMoGymResponse(id="resp_1", created_at=0, model="test-model", output=output)
-
-
-def verify(*output, **fields):
-    fields.setdefault("instruction_id_list", IDS)
-    fields.setdefault("kwargs", KWARGS)
-    body = InstructionFollowingVerifyRequest(responses_create_params=PARAMS, response=make_response(*output), **fields)
-    return asyncio.run(make_server().verify(body))
+verify = Verifier(new_server, InstructionFollowingVerifyRequest, PARAMS, instruction_id_list=IDS, kwargs=KWARGS)
 
 
 # ------------------------------------------------------------------------------------------------- grading
@@ -104,31 +73,32 @@ def test_no_instructions_scores_zero_in_both_modes():
         assert result.follow_instruction_list == [] and result.instruction_errors == []
 
 
-def test_unknown_id_fails_only_that_instruction_and_is_recorded():
-    ids = ["punctuation:no_comma", "language:klingon", "startend:quotation"]
-    result = verify('"no commas here"', instruction_id_list=ids, kwargs=[None, {"language": "tlh"}, None])
-    assert result.follow_instruction_list == [True, False, True]
-    assert result.instruction_errors == [None, "unknown instruction id 'language:klingon'", None]
-    assert result.reward == 0.0
-    assert verify('"no commas"', instruction_id_list=ids, kwargs=None, grading_mode="fraction").reward == 2 / 3
+def test_unknown_id_is_a_validation_error_naming_it_with_a_suggestion():
+    ids = ["punctuation:no_comma", "keywords:forbiden_words", "startend:quotation"]
+    with pytest.raises(ValidationError) as err:
+        verify('"no commas here"', instruction_id_list=ids, kwargs=[None, {"forbidden_words": ["x"]}, None])
+    text = str(err.value)
+    assert "instruction_id_list[1]" in text and "unknown instruction id 'keywords:forbiden_words'" in text
+    assert "Did you mean `keywords:forbidden_words`?" in text
+    with pytest.raises(ValidationError, match="unknown instruction id 'language:klingon'"):
+        verify('"no commas"', instruction_id_list=["language:klingon"], kwargs=None)
 
 
-def test_invalid_kwargs_fail_only_that_instruction_and_are_recorded():
-    kwargs = [None, None, {"num_words": 10, "relation": "roughly"}]
-    result = verify("calm sea", kwargs=kwargs, grading_mode="fraction")
-    assert result.follow_instruction_list == [True, True, False]
-    assert result.instruction_errors[:2] == [None, None]
-    assert "relation must be one of ['less than', 'at least']" in result.instruction_errors[2]
-    assert result.reward == 2 / 3
+def test_invalid_kwargs_are_a_validation_error_naming_the_instruction():
+    with pytest.raises(ValidationError) as err:
+        verify("calm sea", kwargs=[None, None, {"num_words": 10, "relation": "roughly"}])
+    text = str(err.value)
+    assert "instruction_id_list[2]" in text and "length_constraints:number_words" in text
+    assert "relation must be one of ['less than', 'at least']" in text
 
 
 def test_missing_kwargs_entries_count_as_null():
     # Missing list: every instruction without kwargs; number_words then lacks its required kwargs.
-    result = verify("calm sea", kwargs=None)
-    assert result.follow_instruction_list == [True, True, False]
-    assert "missing 2 required keyword-only arguments" in result.instruction_errors[2]
-    # Shorter list: the missing tail is null; longer list: extra entries are ignored.
-    assert verify("calm sea", kwargs=[None]).follow_instruction_list == [True, True, False]
+    with pytest.raises(ValidationError, match="missing 2 required keyword-only arguments"):
+        verify("calm sea", kwargs=None)
+    # Shorter list: the missing tail is null (so the same error); longer list: extra entries are ignored.
+    with pytest.raises(ValidationError, match="missing 2 required keyword-only arguments"):
+        verify("calm sea", kwargs=[None])
     longer = KWARGS + [{"num_words": 1, "relation": "at least"}]
     assert verify("calm sea", kwargs=longer).follow_instruction_list == [True, True, True]
 
@@ -161,8 +131,8 @@ def test_output_text_parts_of_the_last_message_are_joined_and_refusals_ignored()
 def test_items_after_the_last_message_are_not_graded():
     output = [
         message("calm sea"),
-        {"type": "function_call", "name": "search", "arguments": "{}", "call_id": "c1"},
-        {"type": "function_call_output", "call_id": "c1", "output": "Tool, Output"},
+        function_call("search", {}, call_id="c1"),
+        function_call_output("Tool, Output", call_id="c1"),
         reasoning("Thinking, Loudly"),
     ]
     assert verify(*output).reward == 1.0
@@ -177,7 +147,7 @@ def test_assistant_message_with_plain_string_content():
     [
         [],
         [reasoning("calm sea")],
-        [{"type": "function_call", "name": "search", "arguments": '{"q": "calm sea"}', "call_id": "c1"}],
+        [function_call("search", {"q": "calm sea"}, call_id="c1")],
         [{"type": "message", "role": "assistant", "id": "m", "content": [{"type": "refusal", "refusal": "no"}]}],
         [{"type": "message", "role": "assistant", "id": "m", "content": []}],
     ],
@@ -221,32 +191,26 @@ def test_invalid_requests_are_rejected():
 
 
 def test_http_verify():
-    with TestClient(make_server().build_app()) as client:
-        body = {
-            "responses_create_params": PARAMS,
-            "response": make_response("calm sea").model_dump(mode="json"),
-            "instruction_id_list": IDS + ["no:such_id"],
-            "kwargs": KWARGS + [None],
-            "grading_mode": "fraction",
-            "id": 3,
-            "prompt": PROMPT,
-        }
+    with TestClient(new_server().build_app()) as client:
+        body = verify.body(
+            "calm, sea", instruction_id_list=IDS, kwargs=KWARGS, grading_mode="fraction", id=3, prompt=PROMPT
+        )
         verified = client.post("/verify", json=body)
         assert verified.status_code == 200
         payload = verified.json()
-        assert payload["reward"] == 0.75
-        assert payload["follow_instruction_list"] == [True, True, True, False]
+        assert payload["reward"] == 2 / 3
+        assert payload["follow_instruction_list"] == [True, False, True]
         assert payload["follow_all_instructions"] is False
-        assert payload["instruction_errors"][3] == "unknown instruction id 'no:such_id'"
+        assert payload["instruction_errors"] == [None, None, None]
         assert payload["id"] == 3 and payload["prompt"] == PROMPT
         assert client.post("/verify", json={**body, "grading_mode": "partial"}).status_code == 422
+        unknown_id = {**body, "instruction_id_list": IDS + ["no:such_id"], "kwargs": KWARGS + [None]}
+        unknown = client.post("/verify", json=unknown_id)
+        assert unknown.status_code == 422
+        assert "unknown instruction id 'no:such_id'" in unknown.text
 
 
 # ----------------------------------------------------------------------------------------------------- data
-
-
-def load_rows() -> list[dict]:
-    return [json.loads(line) for line in DATA_PATH.read_text().splitlines()]
 
 
 IDEAL_ANSWERS = [
@@ -263,11 +227,10 @@ IDEAL_ANSWERS = [
 def test_example_rows_validate_and_use_only_known_instructions():
     from resources_servers.instruction_following.instructions import INSTRUCTION_REGISTRY
 
-    rows = load_rows()
+    rows = example_rows(__file__)
     assert len(rows) == 5
-    placeholder = make_response("placeholder").model_dump(mode="json")
     for row in rows:
-        request = InstructionFollowingVerifyRequest.model_validate({**row, "response": placeholder})
+        request = verify.row_request(row, "placeholder")
         assert set(request.instruction_id_list) <= set(INSTRUCTION_REGISTRY)
         assert len(request.kwargs) == len(request.instruction_id_list)
         assert request.prompt == row["responses_create_params"]["input"][0]["content"]
@@ -275,8 +238,7 @@ def test_example_rows_validate_and_use_only_known_instructions():
 
 
 def test_example_rows_reward_ideal_answers():
-    server = make_server()
-    for row, answer in zip(load_rows(), IDEAL_ANSWERS, strict=True):
-        body = InstructionFollowingVerifyRequest.model_validate({**row, "response": make_response(answer).model_dump()})
-        result = asyncio.run(server.verify(body))
+    server = new_server()
+    for row, answer in zip(example_rows(__file__), IDEAL_ANSWERS, strict=True):
+        result = verify.verify_row(row, answer, server=server)
         assert result.reward == 1.0, (row["id"], result.follow_instruction_list, result.instruction_errors)

@@ -2,10 +2,11 @@
 instruction, some break one, and the fraction rows show partial credit."""
 
 from nemo_gym.testing.e2e import collect_examples_e2e
+from nemo_gym.testing.script import answer_rule
 
 
 def answer(name: str, prompt_part: str, text: str) -> dict:
-    return {"name": name, "match": {"last_user_contains": prompt_part}, "output": [text]}
+    return answer_rule(prompt_part, text, name=name)
 
 
 SCRIPT = [

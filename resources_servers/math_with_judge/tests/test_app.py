@@ -1,21 +1,18 @@
-import asyncio
-import json
 import time
-from pathlib import Path
 from typing import Callable, Optional
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from nemo_gym.openai_utils import NeMoGymResponse
-from nemo_gym.server_utils import ServerClient
 from nemo_gym.isolation.worker_pool import WorkerPool
+from nemo_gym.testing.judge import FakeJudge
+from nemo_gym.testing.responses import function_call, function_call_output, make_response, message, reasoning
+from nemo_gym.testing.servers import Verifier, example_rows, make_server
 from resources_servers.math_with_judge.app import (
     EQUAL_LABEL,
     NOT_EQUAL_LABEL,
     MathWithJudgeResourcesServer,
-    MathWithJudgeResourcesServerConfig,
     MathWithJudgeVerifyRequest,
     judge_verdict,
 )
@@ -25,7 +22,6 @@ from resources_servers.math_with_judge.grading import (
     strip_math_delimiters,
 )
 
-DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
 QUESTION = "Solve for x: 2x + 6 = 20."
 PARAMS = {"input": [{"role": "user", "content": QUESTION + " Put the final answer in \\boxed{}."}]}
 # math-verify needs > 5 s on this (its own comparison timeout); the hard limit in the timeout tests is 1 s.
@@ -35,64 +31,19 @@ PATHOLOGICAL = r"\boxed{10^{10^{9}}}"
 # ----------------------------------------------------------------------------------------------- helpers
 
 
-def message(*texts: str, msg_id: str = "msg_1") -> dict:
-    return {
-        "id": msg_id,
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []} for text in texts],
-    }
-
-
-def make_response(*output) -> NeMoGymResponse:
-    output = [message(item) if isinstance(item, str) else item for item in output]
-    return NeMoGymResponse(id="resp_1", created_at=0, model="test-model", output=output)
-
-
-class FakeJudge:
-    """The judge model server behind a real ServerClient (httpx MockTransport): scripted replies, recorded calls.
-
-    A reply is a string (the judge's message text), a dict (a whole Responses object), an int (an HTTP error
-    status) or an Exception (raised by the transport)."""
-
-    def __init__(self, *replies) -> None:
-        self.replies = list(replies)
-        self.calls: list[dict] = []
-
-    def handler(self, request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/v1/responses"
-        self.calls.append(json.loads(request.content))
-        reply = self.replies.pop(0)
-        if isinstance(reply, Exception):
-            raise reply
-        if isinstance(reply, int):
-            return httpx.Response(reply, json={"error": {"message": "judge overloaded"}})
-        if isinstance(reply, str):
-            reply = make_response(reply).model_dump(mode="json")
-        return httpx.Response(200, json=reply)
-
-    def client(self) -> ServerClient:
-        config = {"judge": {"responses_api_models": {"openai_model": {"host": "127.0.0.1", "port": 9}}}}
-        return ServerClient(global_config_dict=config, transport=httpx.MockTransport(self.handler), max_attempts=1)
-
-    def prompt(self, index: int) -> str:
-        return self.calls[index]["input"][-1]["content"]
-
-
-def make_server(judge: Optional[FakeJudge] = None, **config) -> MathWithJudgeResourcesServer:
+def new_server(judge: Optional[FakeJudge] = None, **config) -> MathWithJudgeResourcesServer:
     config.setdefault("should_use_judge", judge is not None)
-    config = MathWithJudgeResourcesServerConfig(
-        host="127.0.0.1",
-        port=0,
-        entrypoint="app.py",
+    return make_server(
+        MathWithJudgeResourcesServer,
         name="math_with_judge",
+        server_client=(judge or FakeJudge()).client(),
         domain="math",
-        judge_model_server={"type": "responses_api_models", "name": "judge"},
+        judge_model_server=FakeJudge.server_ref,
         **config,
     )
-    client = (judge or FakeJudge()).client()
-    return MathWithJudgeResourcesServer(config=config, server_client=client)
+
+
+VERIFY = Verifier(new_server, MathWithJudgeVerifyRequest, PARAMS, question=QUESTION)
 
 
 @pytest.fixture(scope="module")
@@ -107,15 +58,9 @@ def pool():
 def run_verify(pool) -> Callable:
     def run(*output, judge: Optional[FakeJudge] = None, expected_answer: str = "7", server=None, **config):
         if server is None:  # a server of its own is built with its own pool (see the timeout tests)
-            server = make_server(judge, **config)
+            server = new_server(judge, **config)
             server._pool = pool
-        body = MathWithJudgeVerifyRequest(
-            responses_create_params=PARAMS,
-            response=make_response(*output),
-            question=QUESTION,
-            expected_answer=expected_answer,
-        )
-        return asyncio.run(server.verify(body))
+        return VERIFY(*output, server=server, expected_answer=expected_answer)
 
     return run
 
@@ -192,9 +137,9 @@ def test_empty_and_malformed_output_score_zero(run_verify, output):
 
 def test_text_is_every_assistant_output_text_concatenated(run_verify):
     output = [
-        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": r"maybe \boxed{8}"}]},
-        {"type": "function_call", "name": "calc", "arguments": '{"q": "\\\\boxed{9}"}', "call_id": "c1"},
-        {"type": "function_call_output", "call_id": "c1", "output": r"\boxed{10}"},
+        reasoning(r"maybe \boxed{8}"),
+        function_call("calc", {"q": "\\boxed{9}"}, call_id="c1"),
+        function_call_output(r"\boxed{10}", call_id="c1"),
         message(r"x = \boxed{", "7}", msg_id="msg_2"),  # concatenated with no separator: one box
     ]
     result = run_verify(*output)
@@ -265,9 +210,7 @@ def test_judge_disagreement_between_labels_first_one_wins(run_verify):
 
 
 def test_judge_ending_in_reasoning_means_not_equal(run_verify):
-    reasoning_only = make_response(
-        message(EQUAL_LABEL), {"type": "reasoning", "id": "rs_1", "summary": []}
-    ).model_dump(mode="json")
+    reasoning_only = make_response(message(EQUAL_LABEL), reasoning()).model_dump(mode="json")
     judge = FakeJudge(reasoning_only)
     result = run_verify(r"\boxed{8}", judge=judge)
     assert result.reward == 0.0 and result.judge_evaluations[0].verdict_label is None
@@ -315,7 +258,7 @@ def test_judge_params_come_from_the_config(run_verify):
 
 def test_broken_judge_template_fails_at_start_up():
     with pytest.raises(ValueError, match="literal braces must be doubled"):
-        make_server(judge_prompt_template=r"\frac{1}{2} {question}")
+        new_server(judge_prompt_template=r"\frac{1}{2} {question}")
 
 
 def test_judge_verdict_reads_the_last_text_part_of_the_last_item():
@@ -328,7 +271,7 @@ def test_judge_verdict_reads_the_last_text_part_of_the_last_item():
 
 
 def test_pathological_answer_times_out_and_the_next_one_is_graded(run_verify):
-    server = make_server(math_verify_timeout_seconds=1.0, math_verify_num_workers=1)
+    server = new_server(math_verify_timeout_seconds=1.0, math_verify_num_workers=1)
     try:
         started = time.monotonic()
         result = run_verify(PATHOLOGICAL, expected_answer="5", server=server)
@@ -344,7 +287,7 @@ def test_pathological_answer_times_out_and_the_next_one_is_graded(run_verify):
 
 def test_timeout_still_asks_the_judge_when_enabled(run_verify):
     judge = FakeJudge(EQUAL_LABEL, EQUAL_LABEL)
-    server = make_server(judge, math_verify_timeout_seconds=1.0, math_verify_num_workers=1)
+    server = new_server(judge, math_verify_timeout_seconds=1.0, math_verify_num_workers=1)
     try:
         result = run_verify(PATHOLOGICAL, expected_answer="5", server=server)
         assert result.math_verify_timed_out is True and result.reward == 1.0 and len(judge.calls) == 2
@@ -353,15 +296,10 @@ def test_timeout_still_asks_the_judge_when_enabled(run_verify):
 
 
 def test_http_server_keeps_serving_after_a_timeout():
-    server = make_server(math_verify_timeout_seconds=1.0, math_verify_num_workers=1)
+    server = new_server(math_verify_timeout_seconds=1.0, math_verify_num_workers=1)
 
     def body(text: str, expected: str) -> dict:
-        return {
-            "responses_create_params": PARAMS,
-            "response": make_response(text).model_dump(mode="json"),
-            "question": QUESTION,
-            "expected_answer": expected,
-        }
+        return VERIFY.body(text, expected_answer=expected)
 
     try:
         with TestClient(server.build_app()) as client:
@@ -381,7 +319,7 @@ def test_http_server_keeps_serving_after_a_timeout():
 
 
 def test_workers_start_lazily():
-    server = make_server()
+    server = new_server()
     assert server._pool is None
     assert server.pool.worker_pids() == []
 
@@ -389,18 +327,12 @@ def test_workers_start_lazily():
 # ----------------------------------------------------------------------------------------------- data
 
 
-def load_rows() -> list[dict]:
-    return [json.loads(line) for line in DATA_PATH.read_text().splitlines()]
-
-
 def test_example_rows_validate_and_reward_ideal_answers(pool):
-    rows = load_rows()
+    rows = example_rows(__file__)
     assert len(rows) == 5
-    server = make_server()
+    server = new_server()
     server._pool = pool
     for row in rows:
         answer = strip_math_delimiters(row["expected_answer"])
-        body = MathWithJudgeVerifyRequest.model_validate(
-            {**row, "response": make_response(rf"The answer is \boxed{{{answer}}}.").model_dump()}
-        )
-        assert asyncio.run(server.verify(body)).reward == 1.0, row["question"]
+        result = VERIFY.verify_row(row, rf"The answer is \boxed{{{answer}}}.", server=server)
+        assert result.reward == 1.0, row["question"]

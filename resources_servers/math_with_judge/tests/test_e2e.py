@@ -5,6 +5,7 @@ calls go over real HTTP through `openai_model` to the same fake backend, whose r
 """
 
 from nemo_gym.testing.e2e import collect_examples_e2e
+from nemo_gym.testing.script import answer_rules, rule
 
 # Policy replies, matched on the question (the judge prompt also holds the question: judge rules come first).
 POLICY = {
@@ -17,10 +18,7 @@ POLICY = {
 
 
 def policy_rules(replies: dict) -> list[dict]:
-    return [
-        {"name": f"policy: {key}", "match": {"last_user_contains": key}, "output": [reply]}
-        for key, reply in replies.items()
-    ]
+    return answer_rules(replies, name_prefix="policy: ")
 
 
 def test_examples_end_to_end(tmp_path):
@@ -39,12 +37,17 @@ def test_examples_with_the_judge_over_http(tmp_path):
         "divisors does 36": "The divisors are 1, 2, 3, 4, 6, 9, 12, 18 and 36: nine of them.",  # right, in words
     }
     judge = [
-        {"name": "judge: x=8 as B", "match": {"last_user_regex": r"<answer_a>\n7\n</answer_a>"},
-         "output": ["Both give the value of x. [[A=B]]"]},
-        {"name": "judge: x=8 as A", "match": {"last_user_regex": r"<answer_b>\n7\n</answer_b>"},
-         "output": ["Answer A says 8, answer B says 7. [[A!=B]]"]},
-        {"name": "judge: nine", "match": {"last_user_contains": "nine of them"},
-         "output": ["Nine divisors in both. [[A=B]]"]},
+        rule(
+            "Both give the value of x. [[A=B]]",
+            name="judge: x=8 as B",
+            last_user_regex=r"<answer_a>\n7\n</answer_a>",
+        ),
+        rule(
+            "Answer A says 8, answer B says 7. [[A!=B]]",
+            name="judge: x=8 as A",
+            last_user_regex=r"<answer_b>\n7\n</answer_b>",
+        ),
+        rule("Nine divisors in both. [[A=B]]", name="judge: nine", last_user_contains="nine of them"),
     ]
     rows = collect_examples_e2e(
         "math_with_judge",

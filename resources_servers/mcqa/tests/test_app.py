@@ -1,53 +1,22 @@
-import asyncio
-import json
 import time
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from nemo_gym.openai_utils import NeMoGymResponse
-from nemo_gym.server_utils import ServerClient
-from resources_servers.mcqa.app import (
-    MCQAResourcesServer,
-    MCQAResourcesServerConfig,
-    MCQAVerifyRequest,
-    boxed_contents,
-    strip_text_wrappers,
-)
+from nemo_gym.testing.responses import function_call, function_call_output, make_response, message, reasoning
+from nemo_gym.testing.servers import Verifier, example_rows, make_server
+from resources_servers.mcqa.app import MCQAResourcesServer, MCQAVerifyRequest, boxed_contents, strip_text_wrappers
 
-DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
 PARAMS = {"input": [{"role": "user", "content": "Which planet has the shortest year? A) Venus B) Mercury ..."}]}
 OPTIONS = [{"A": "Venus"}, {"B": "Mercury"}, {"C": "Mars"}, {"D": "Jupiter"}]
 
 
-def make_server() -> MCQAResourcesServer:
-    config = MCQAResourcesServerConfig(host="127.0.0.1", port=0, entrypoint="app.py", name="mcqa", domain="knowledge")
-    server_client = ServerClient(head_server_config=None, global_config_dict={})
-    return MCQAResourcesServer(config=config, server_client=server_client)
+def new_server() -> MCQAResourcesServer:
+    return make_server(MCQAResourcesServer, name="mcqa", domain="knowledge")
 
 
-def message(*texts: str, msg_id: str = "msg_1") -> dict:
-    return {
-        "id": msg_id,
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []} for text in texts],
-    }
-
-
-def make_response(*output) -> NeMoGymResponse:
-    output = [message(item) if isinstance(item, str) else item for item in output]
-    return NeMoGymResponse(id="resp_1", created_at=0, model="test-model", output=output)
-
-
-def verify(*output, **fields):
-    fields.setdefault("options", OPTIONS)
-    fields.setdefault("expected_answer", "B")
-    body = MCQAVerifyRequest(responses_create_params=PARAMS, response=make_response(*output), **fields)
-    return asyncio.run(make_server().verify(body))
+verify = Verifier(new_server, MCQAVerifyRequest, PARAMS, options=OPTIONS, expected_answer="B")
 
 
 def extracted(text: str, **fields):
@@ -207,9 +176,9 @@ def test_output_regex_works_without_options():
 
 def test_all_assistant_texts_are_read_and_other_items_ignored():
     output = [
-        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": r"maybe \boxed{A}"}]},
-        {"type": "function_call", "name": "search", "arguments": r'{"q": "\\boxed{C}"}', "call_id": "c1"},
-        {"type": "function_call_output", "call_id": "c1", "output": r"\boxed{D}"},
+        reasoning(r"maybe \boxed{A}"),
+        function_call("search", r'{"q": "\\boxed{C}"}', call_id="c1"),
+        function_call_output(r"\boxed{D}", call_id="c1"),
         {
             "id": "msg_0",
             "type": "message",
@@ -268,13 +237,8 @@ def test_unknown_grading_mode_is_rejected():
 
 
 def test_http_verify():
-    with TestClient(make_server().build_app()) as client:
-        body = {
-            "responses_create_params": PARAMS,
-            "response": make_response(r"\boxed{B}").model_dump(mode="json"),
-            "options": OPTIONS,
-            "expected_answer": "B",
-        }
+    with TestClient(new_server().build_app()) as client:
+        body = verify.body(r"\boxed{B}")
         verified = client.post("/verify", json=body)
         assert verified.status_code == 200
         assert verified.json()["reward"] == 1.0 and verified.json()["extracted_answer"] == "B"
@@ -282,10 +246,6 @@ def test_http_verify():
 
 
 # ----------------------------------------------------------------------------------------------- data
-
-
-def load_rows() -> list[dict]:
-    return [json.loads(line) for line in DATA_PATH.read_text().splitlines()]
 
 
 def ideal_answer(row: dict) -> str:
@@ -299,10 +259,9 @@ def ideal_answer(row: dict) -> str:
 
 
 def test_example_rows_validate_and_cover_every_mode():
-    rows = load_rows()
+    rows = example_rows(__file__)
     assert len(rows) == 5
-    placeholder = make_response("placeholder").model_dump(mode="json")
-    requests = [MCQAVerifyRequest.model_validate({**row, "response": placeholder}) for row in rows]
+    requests = [verify.row_request(row, "placeholder") for row in rows]
     assert {request.grading_mode for request in requests} == {
         "strict_single_letter_boxed",
         "lenient_boxed",
@@ -312,7 +271,6 @@ def test_example_rows_validate_and_cover_every_mode():
 
 
 def test_example_rows_reward_ideal_answers():
-    server = make_server()
-    for row in load_rows():
-        body = MCQAVerifyRequest.model_validate({**row, "response": make_response(ideal_answer(row)).model_dump()})
-        assert asyncio.run(server.verify(body)).reward == 1.0, row["uuid"]
+    server = new_server()
+    for row in example_rows(__file__):
+        assert verify.verify_row(row, ideal_answer(row), server=server).reward == 1.0, row["uuid"]

@@ -6,11 +6,7 @@ option's text where strict mode wants a letter (nothing extracted, 0.0); row 4 p
 """
 
 from nemo_gym.testing.e2e import collect_examples_e2e
-
-
-def answer(question_part, text):
-    return {"name": question_part, "match": {"last_user_contains": question_part}, "output": [text]}
-
+from nemo_gym.testing.script import answer_rule as answer
 
 SCRIPT = [
     answer("shortest year", "Mercury is closest to the Sun, so its orbit is the shortest.\n\n\\boxed{B}"),

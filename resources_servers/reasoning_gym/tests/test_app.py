@@ -11,12 +11,11 @@ import reasoning_gym
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from nemo_gym.openai_utils import NeMoGymResponse
-from nemo_gym.server_utils import ServerClient
 from nemo_gym.isolation.worker_pool import WorkerPool, WorkerTimeout
+from nemo_gym.testing.responses import function_call, function_call_output, make_response, message, reasoning
+from nemo_gym.testing.servers import Verifier, make_server
 from resources_servers.reasoning_gym.app import (
     ReasoningGymResourcesServer,
-    ReasoningGymResourcesServerConfig,
     ReasoningGymVerifyRequest,
     answer_tag_content,
     extract_final_answer,
@@ -32,42 +31,23 @@ SORTING = ROWS["word_sorting"]  # 9 words; credit per word in the right place
 KNIGHTS = ROWS["knights_knaves"]  # 0.3 + 0.7 x (fraction of people right) when not all are right
 
 
-def make_server(**config) -> ReasoningGymResourcesServer:
-    config = ReasoningGymResourcesServerConfig(
-        host="127.0.0.1", port=0, entrypoint="app.py", name="reasoning_gym", domain="other", **config
-    )
-    server_client = ServerClient(head_server_config=None, global_config_dict={})
-    return ReasoningGymResourcesServer(config=config, server_client=server_client)
+def new_server(**config) -> ReasoningGymResourcesServer:
+    return make_server(ReasoningGymResourcesServer, name="reasoning_gym", domain="other", **config)
 
 
 @pytest.fixture(scope="module")
 def server():
-    server = make_server()
+    server = new_server()
     yield server
     server.pool.close()
 
 
-def message(*texts: str, msg_id: str = "msg_1") -> dict:
-    return {
-        "id": msg_id,
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []} for text in texts],
-    }
-
-
-def make_response(*output) -> NeMoGymResponse:
-    output = [message(item) if isinstance(item, str) else item for item in output]
-    return NeMoGymResponse(id="resp_1", created_at=0, model="test-model", output=output)
-
-
-def request(row: dict, *output) -> ReasoningGymVerifyRequest:
-    return ReasoningGymVerifyRequest.model_validate({**row, "response": make_response(*output).model_dump()})
+VERIFY = Verifier(new_server, ReasoningGymVerifyRequest)
+request = VERIFY.row_request
 
 
 def verify(server, row: dict, *output):
-    return asyncio.run(server.verify(request(row, *output)))
+    return VERIFY.verify_row(row, *output, server=server)
 
 
 def with_metadata(row: dict, **changes) -> dict:
@@ -216,7 +196,7 @@ def test_non_finite_score_becomes_zero(server, monkeypatch):
 
 
 def test_slow_scorer_times_out_and_the_server_carries_on():
-    server = make_server(num_scoring_workers=1, score_timeout_seconds=2)
+    server = new_server(num_scoring_workers=1, score_timeout_seconds=2)
     try:
         item = json.loads(json.dumps(reasoning_gym.create_dataset("simple_integration", seed=0, size=1)[0]))
         row = {"responses_create_params": {"input": item["question"]}, **item}
@@ -250,9 +230,9 @@ def test_empty_output_scores_zero(server):
 
 def test_only_non_message_items_are_ignored(server):
     output = [
-        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "<answer>500</answer>"}]},
-        {"type": "function_call", "name": "calc", "arguments": '{"x": "<answer>500</answer>"}', "call_id": "c1"},
-        {"type": "function_call_output", "call_id": "c1", "output": "<answer>500</answer>"},
+        reasoning("<answer>500</answer>"),
+        function_call("calc", {"x": "<answer>500</answer>"}, call_id="c1"),
+        function_call_output("<answer>500</answer>", call_id="c1"),
         {
             "id": "msg_0",
             "type": "message",

@@ -6,11 +6,7 @@ One answer per row, in each of the forms the server reads: `<answer>` tags (leg_
 """
 
 from nemo_gym.testing.e2e import collect_examples_e2e
-
-
-def answer(question_part, text):
-    return {"name": question_part, "match": {"last_user_contains": question_part}, "output": [text]}
-
+from nemo_gym.testing.script import answer_rule as answer
 
 SCRIPT = [
     answer("5 grasshoppers", "5x6 + 8x0 + 6x4 + 10x8 + 15x8 + 15x6 + 4x6 + 9x10 + 3x14 = 500\n<answer>500</answer>"),

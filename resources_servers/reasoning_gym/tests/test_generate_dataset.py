@@ -1,7 +1,6 @@
 """scripts/generate_dataset.py: rows the server accepts, reproducible files, offline generation and scoring."""
 
 import ipaddress
-import json
 import os
 import socket
 import subprocess

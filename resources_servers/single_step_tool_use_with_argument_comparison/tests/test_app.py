@@ -1,13 +1,12 @@
-import asyncio
 import json
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from nemo_gym.openai_utils import NeMoGymResponse
-from nemo_gym.server_utils import ServerClient
+from nemo_gym.testing.responses import function_call as call
+from nemo_gym.testing.responses import make_response, message, reasoning
+from nemo_gym.testing.servers import Verifier, example_rows, make_server, server_config
 from resources_servers.single_step_tool_use_with_argument_comparison.app import (
     SingleStepToolUseArgumentComparisonResourcesServer as Server,
 )
@@ -19,60 +18,29 @@ from resources_servers.single_step_tool_use_with_argument_comparison.app import 
 )
 from resources_servers.single_step_tool_use_with_argument_comparison.app import StepRewardCategory as Category
 
-DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
 PARAMS = {"input": [{"role": "user", "content": "Please cancel order 77120, I picked the wrong size."}]}
 CANCEL = {"order_id": "77120", "reason": "picked the wrong size"}
 
 
-def make_server(threshold: float = 0.2, float_threshold: float = 1e-6) -> Server:
-    config = Config(
-        host="127.0.0.1",
-        port=0,
-        entrypoint="app.py",
-        name="single_step_tool_use_with_argument_comparison",
-        domain="agent",
-        tool_call_comparator_config={
-            "word_count_similarity_threshold": threshold,
-            "floating_point_comparison_threshold": float_threshold,
-        },
+def new_server(threshold: float = 0.2, float_threshold: float = 1e-6) -> Server:
+    comparator = {"word_count_similarity_threshold": threshold, "floating_point_comparison_threshold": float_threshold}
+    return make_server(
+        Server, name="single_step_tool_use_with_argument_comparison", domain="agent",
+        tool_call_comparator_config=comparator,
     )
-    return Server(config=config, server_client=ServerClient(head_server_config=None, global_config_dict={}))
-
-
-def call(name: str, arguments, call_id: str = "call_1") -> dict:
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments)
-    return {"type": "function_call", "name": name, "arguments": arguments, "call_id": call_id}
-
-
-def message(*texts: str, msg_id: str = "msg_1") -> dict:
-    return {
-        "id": msg_id,
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []} for text in texts],
-    }
-
-
-def make_response(*output: dict) -> NeMoGymResponse:
-    return NeMoGymResponse(id="resp_1", created_at=0, model="test-model", output=list(output))
 
 
 def expected_call(name: str, arguments: dict) -> dict:
     return {"type": "function_call", "name": name, "arguments": json.dumps(arguments)}
 
 
+EXPECTED_CANCEL = expected_call("cancel_order", CANCEL)
 EXPECTED_MESSAGE = {"type": "message", "content": "Your order has been cancelled."}
+VERIFY = Verifier(new_server, VerifyRequest, PARAMS, expected_action=EXPECTED_CANCEL)
 
 
 def verify(*output: dict, expected=None, server=None):
-    body = VerifyRequest(
-        responses_create_params=PARAMS,
-        response=make_response(*output),
-        expected_action=expected or expected_call("cancel_order", CANCEL),
-    )
-    result = asyncio.run((server or make_server()).verify(body))
+    result = VERIFY(*output, server=server, expected_action=expected or EXPECTED_CANCEL)
     return result.reward, result.category
 
 
@@ -80,7 +48,7 @@ def compare(expected_arguments: dict, actual_arguments, **server_options):
     return verify(
         call("f", actual_arguments),
         expected=expected_call("f", expected_arguments),
-        server=make_server(**server_options),
+        server=new_server(**server_options),
     )
 
 
@@ -91,7 +59,7 @@ def compare(expected_arguments: dict, actual_arguments, **server_options):
     "output",
     [
         [],
-        [{"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "thinking"}]}],
+        [reasoning("thinking")],
         [{"id": "m", "type": "message", "role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}],
     ],
     ids=["empty", "reasoning-only", "refusal-only"],
@@ -227,25 +195,14 @@ def test_malformed_expected_actions_are_rejected(expected_action):
 
 def test_config_requires_the_word_threshold():
     with pytest.raises(ValidationError):
-        Config(host="127.0.0.1", port=0, entrypoint="app.py", name="x", domain="agent", tool_call_comparator_config={})
-    config = Config(
-        host="127.0.0.1",
-        port=0,
-        entrypoint="app.py",
-        name="x",
-        domain="agent",
-        tool_call_comparator_config={"word_count_similarity_threshold": 0.1},
-    )
+        server_config(Config, "x", domain="agent", tool_call_comparator_config={})
+    comparator = {"word_count_similarity_threshold": 0.1}
+    config = server_config(Config, "x", domain="agent", tool_call_comparator_config=comparator)
     assert config.tool_call_comparator_config.floating_point_comparison_threshold == 1e-6
 
 
 def test_verify_response_echoes_the_expected_action():
-    body = VerifyRequest(
-        responses_create_params=PARAMS,
-        response=make_response(call("cancel_order", CANCEL)),
-        expected_action=expected_call("cancel_order", CANCEL),
-    )
-    result = asyncio.run(make_server().verify(body))
+    result = VERIFY(call("cancel_order", CANCEL))
     assert result.expected_action.name == "cancel_order"
     assert result.model_dump(mode="json")["category"] == Category.EXPECTED_TOOL_CALL.value
 
@@ -254,12 +211,8 @@ def test_verify_response_echoes_the_expected_action():
 
 
 def test_http_verify():
-    with TestClient(make_server().build_app()) as client:
-        body = {
-            "responses_create_params": PARAMS,
-            "response": make_response(call("cancel_order", CANCEL)).model_dump(mode="json"),
-            "expected_action": expected_call("cancel_order", CANCEL),
-        }
+    with TestClient(new_server().build_app()) as client:
+        body = VERIFY.body(call("cancel_order", CANCEL))
         verified = client.post("/verify", json=body)
         assert verified.status_code == 200
         assert verified.json()["reward"] == 1.0
@@ -271,17 +224,12 @@ def test_http_verify():
 # ----------------------------------------------------------------------------------------------- data
 
 
-def load_rows() -> list[dict]:
-    return [json.loads(line) for line in DATA_PATH.read_text().splitlines()]
-
-
 def test_example_rows_validate():
-    rows = load_rows()
+    rows = example_rows(__file__)
     assert len(rows) == 5
-    placeholder = make_response(message("placeholder")).model_dump(mode="json")
     kinds = set()
     for row in rows:
-        request = VerifyRequest.model_validate({**row, "response": placeholder})
+        request = VERIFY.row_request(row, message("placeholder"))
         kinds.add(request.expected_action.type)
         if request.expected_action.type == "function_call":
             assert request.expected_action.name in {tool["name"] for tool in request.responses_create_params.tools}
@@ -289,13 +237,12 @@ def test_example_rows_validate():
 
 
 def test_example_rows_reward_the_expert_action():
-    server = make_server()
-    for row in load_rows():
+    server = new_server()
+    for row in example_rows(__file__):
         action = row["expected_action"]
         if action["type"] == "message":
             step = message(action["content"])
         else:
             step = call(action["name"], action["arguments"])
-        body = VerifyRequest.model_validate({**row, "response": make_response(step).model_dump(mode="json")})
-        result = asyncio.run(server.verify(body))
+        result = VERIFY.verify_row(row, step, server=server)
         assert result.reward == 1.0, result.category

@@ -8,14 +8,12 @@ shares enough words with the expert's; row 3 passes the order id as a number ins
 """
 
 from nemo_gym.testing.e2e import collect_examples_e2e
-
-
-def call(name, arguments):
-    return {"type": "function_call", "name": name, "arguments": arguments}
+from nemo_gym.testing.script import rule
+from nemo_gym.testing.script import tool_call as call
 
 
 def step(match, item):
-    return {"match": match, "output": [item]}
+    return rule(item, **match)
 
 
 SCRIPT = [
@@ -40,7 +38,7 @@ SCRIPT = [
         "Hello! I'm the shop's automated assistant. What can I do for you?",
     ),
     # Reached only if the agent asked the model for a second step, which max_steps: 1 forbids.
-    {"name": "second step", "match": {"tool_outputs": {"min": 1}}, "output": ["a second step"]},
+    rule("a second step", name="second step", tool_outputs={"min": 1}),
 ]
 
 

@@ -1,22 +1,18 @@
-import asyncio
 import json
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from openapi_schema_validator import OAS31Validator
 from pydantic import ValidationError
 
-from nemo_gym.openai_utils import NeMoGymResponse
-from nemo_gym.server_utils import ServerClient
+from nemo_gym.testing.responses import function_call, make_response, message, reasoning
+from nemo_gym.testing.servers import Verifier, example_rows, make_server
 from resources_servers.structured_outputs.app import (
     StructuredOutputsResourcesServer,
-    StructuredOutputsResourcesServerConfig,
     StructuredOutputsVerifyRequest,
     strictify_schema,
 )
 
-DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
 PARAMS = {"input": [{"role": "user", "content": "Describe a person as JSON."}]}
 PERSON_SCHEMA = {
     "type": "object",
@@ -29,37 +25,15 @@ PERSON_SCHEMA = {
 PERSON = {"name": "Ada", "age": 41, "address": {"city": "Lyon"}}
 
 
-def make_server() -> StructuredOutputsResourcesServer:
-    config = StructuredOutputsResourcesServerConfig(
-        host="127.0.0.1", port=0, entrypoint="app.py", name="structured_outputs", domain="instruction_following"
-    )
-    return StructuredOutputsResourcesServer(
-        config=config, server_client=ServerClient(head_server_config=None, global_config_dict={})
-    )
+def new_server() -> StructuredOutputsResourcesServer:
+    return make_server(StructuredOutputsResourcesServer, name="structured_outputs", domain="instruction_following")
 
 
-def message(*texts: str, msg_id: str = "msg_1") -> dict:
-    return {
-        "id": msg_id,
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []} for text in texts],
-    }
-
-
-def make_response(*output) -> NeMoGymResponse:
-    output = [message(item) if isinstance(item, str) else item for item in output]
-    return NeMoGymResponse(id="resp_1", created_at=0, model="test-model", output=output)
+VERIFY = Verifier(new_server, StructuredOutputsVerifyRequest, PARAMS)
 
 
 def verify(*output, schema=PERSON_SCHEMA, schema_str=None):
-    body = StructuredOutputsVerifyRequest(
-        responses_create_params=PARAMS,
-        response=make_response(*output),
-        schema_str=schema_str if schema_str is not None else json.dumps(schema),
-    )
-    return asyncio.run(make_server().verify(body))
+    return VERIFY(*output, schema_str=schema_str if schema_str is not None else json.dumps(schema))
 
 
 # ----------------------------------------------------------------------------------------------- strictify
@@ -133,8 +107,7 @@ def test_valid_answer_gets_reward_one():
 
 def test_text_is_concatenated_across_parts_and_messages():
     text = json.dumps(PERSON)
-    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "{oops"}]}
-    result = verify(reasoning, message(text[:10], text[10:20], msg_id="m1"), message(text[20:], msg_id="m2"))
+    result = verify(reasoning("{oops"), message(text[:10], text[10:20], msg_id="m1"), message(text[20:], msg_id="m2"))
     assert result.reward == 1.0
 
 
@@ -173,7 +146,7 @@ def test_unparseable_answers(text):
 
 
 def test_no_assistant_message_at_all():
-    result = verify({"type": "function_call", "name": "f", "arguments": json.dumps(PERSON), "call_id": "c1"})
+    result = verify(function_call("f", PERSON, call_id="c1"))
     assert result.reward == 0.0 and result.error_type == "parse_error"
 
 
@@ -221,13 +194,8 @@ def test_only_json_schema_type_is_accepted():
 
 
 def test_http_verify():
-    with TestClient(make_server().build_app()) as client:
-        body = {
-            "responses_create_params": PARAMS,
-            "response": make_response(json.dumps(PERSON)).model_dump(mode="json"),
-            "schema_str": json.dumps(PERSON_SCHEMA),
-            "schema_type": "json",
-        }
+    with TestClient(new_server().build_app()) as client:
+        body = VERIFY.body(json.dumps(PERSON), schema_str=json.dumps(PERSON_SCHEMA), schema_type="json")
         verified = client.post("/verify", json=body)
         assert verified.status_code == 200
         assert verified.json()["reward"] == 1.0 and verified.json()["error_type"] is None
@@ -257,16 +225,11 @@ IDEAL_ANSWERS = [
 ]
 
 
-def load_rows() -> list[dict]:
-    return [json.loads(line) for line in DATA_PATH.read_text().splitlines()]
-
-
 def test_example_rows_validate_and_hold_valid_schemas():
-    rows = load_rows()
+    rows = example_rows(__file__)
     assert len(rows) == 5
-    placeholder = make_response("placeholder").model_dump(mode="json")
     for row in rows:
-        request = StructuredOutputsVerifyRequest.model_validate({**row, "response": placeholder})
+        request = VERIFY.row_request(row, "placeholder")
         schema = json.loads(request.schema_str)
         strictify_schema(schema)
         OAS31Validator.check_schema(schema)
@@ -274,10 +237,8 @@ def test_example_rows_validate_and_hold_valid_schemas():
 
 
 def test_example_rows_reward_ideal_answers_and_reject_an_extra_key():
-    server = make_server()
-    for row, answer in zip(load_rows(), IDEAL_ANSWERS, strict=True):
+    server = new_server()
+    for row, answer in zip(example_rows(__file__), IDEAL_ANSWERS, strict=True):
         for candidate, reward in ((answer, 1.0), ({**answer, "extra": 1}, 0.0)):
-            response = make_response(json.dumps(candidate)).model_dump(mode="json")
-            body = StructuredOutputsVerifyRequest.model_validate({**row, "response": response})
-            result = asyncio.run(server.verify(body))
+            result = VERIFY.verify_row(row, json.dumps(candidate), server=server)
             assert result.reward == reward, (row["schema_str"], result.error_message)

@@ -8,11 +8,7 @@ that is a validation error. Row 4 wraps correct JSON in a Markdown code fence, a
 import json
 
 from nemo_gym.testing.e2e import collect_examples_e2e
-
-
-def answer(task_part, text):
-    return {"name": task_part, "match": {"last_user_contains": task_part}, "output": [text]}
-
+from nemo_gym.testing.script import answer_rule as answer
 
 SCRIPT = [
     answer("librarian named Ada Park", json.dumps({"name": "Ada Park", "age": 41, "email": "ada.park@example.org"})),

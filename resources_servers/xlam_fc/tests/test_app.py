@@ -1,58 +1,28 @@
-import asyncio
 import json
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from nemo_gym.openai_utils import NeMoGymResponse
-from nemo_gym.server_utils import ServerClient
-from resources_servers.xlam_fc.app import (
-    XlamFcResourcesServer,
-    XlamFcResourcesServerConfig,
-    XlamFcVerifyRequest,
-    json_equal,
-    parse_arguments,
-)
+from nemo_gym.testing.responses import function_call as call
+from nemo_gym.testing.responses import function_call_output, make_response, message
+from nemo_gym.testing.servers import Verifier, example_rows, make_server
+from resources_servers.xlam_fc.app import XlamFcResourcesServer, XlamFcVerifyRequest, json_equal, parse_arguments
 
-DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
 PARAMS = {"input": [{"role": "user", "content": "Weather in Lisbon and Porto?"}]}
 LISBON = {"name": "get_weather", "arguments": {"city": "Lisbon", "unit": "celsius"}}
 PORTO = {"name": "get_weather", "arguments": {"city": "Porto", "unit": "celsius"}}
 
 
-def make_server() -> XlamFcResourcesServer:
-    config = XlamFcResourcesServerConfig(host="127.0.0.1", port=0, entrypoint="app.py", name="xlam_fc", domain="agent")
-    server_client = ServerClient(head_server_config=None, global_config_dict={})
-    return XlamFcResourcesServer(config=config, server_client=server_client)
+def new_server() -> XlamFcResourcesServer:
+    return make_server(XlamFcResourcesServer, name="xlam_fc", domain="agent")
 
 
-def call(name: str, arguments, call_id: str = "call_1") -> dict:
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments)
-    return {"type": "function_call", "name": name, "arguments": arguments, "call_id": call_id}
-
-
-def message(text: str) -> dict:
-    return {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-
-
-def make_response(*output: dict) -> NeMoGymResponse:
-    return NeMoGymResponse(id="resp_1", created_at=0, model="test-model", output=list(output))
+VERIFY = Verifier(new_server, XlamFcVerifyRequest, PARAMS)
 
 
 def verify(*output: dict, expected=(LISBON, PORTO)):
-    body = XlamFcVerifyRequest(
-        responses_create_params=PARAMS, response=make_response(*output), expected_answers=list(expected)
-    )
-    return asyncio.run(make_server().verify(body))
+    return VERIFY(*output, expected_answers=list(expected))
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -165,7 +135,7 @@ def test_no_expected_calls():
 def test_only_function_calls_count_as_predictions():
     result = verify(
         message('{"name": "get_weather", "arguments": {"city": "Lisbon"}}'),
-        {"type": "function_call_output", "call_id": "c1", "output": "{}"},
+        function_call_output({}, call_id="c1"),
         expected=[LISBON],
     )
     assert result.reward == 0.0 and result.num_predicted == 0
@@ -190,12 +160,8 @@ def test_malformed_expected_answers_are_rejected(expected):
 
 
 def test_http_verify_and_unknown_tools():
-    with TestClient(make_server().build_app()) as client:
-        body = {
-            "responses_create_params": PARAMS,
-            "response": make_response(call("get_weather", LISBON["arguments"])).model_dump(mode="json"),
-            "expected_answers": [LISBON],
-        }
+    with TestClient(new_server().build_app()) as client:
+        body = VERIFY.body(call("get_weather", LISBON["arguments"]), expected_answers=[LISBON])
         verified = client.post("/verify", json=body)
         assert verified.status_code == 200
         assert verified.json()["reward"] == 1.0 and verified.json()["num_correct"] == 1
@@ -207,24 +173,17 @@ def test_http_verify_and_unknown_tools():
 # ----------------------------------------------------------------------------------------------- data
 
 
-def load_rows() -> list[dict]:
-    return [json.loads(line) for line in DATA_PATH.read_text().splitlines()]
-
-
 def test_example_rows_validate():
-    rows = load_rows()
+    rows = example_rows(__file__)
     assert len(rows) == 5
-    placeholder = make_response(message("placeholder")).model_dump(mode="json")
     for row in rows:
-        request = XlamFcVerifyRequest.model_validate({**row, "response": placeholder})
+        request = VERIFY.row_request(row, message("placeholder"))
         offered = {tool["name"] for tool in request.responses_create_params.tools}
         assert {answer["name"] for answer in request.expected_answers} <= offered
 
 
 def test_example_rows_reward_the_expected_calls():
-    server = make_server()
-    for row in load_rows():
+    server = new_server()
+    for row in example_rows(__file__):
         calls = [call(a["name"], a["arguments"], f"c{i}") for i, a in enumerate(row["expected_answers"])]
-        response = make_response(*calls, message("Done.")).model_dump(mode="json")
-        body = XlamFcVerifyRequest.model_validate({**row, "response": response})
-        assert asyncio.run(server.verify(body)).reward == 1.0
+        assert VERIFY.verify_row(row, *calls, message("Done."), server=server).reward == 1.0

@@ -9,16 +9,13 @@ arguments, which count as no arguments: no match, reward 0.0.
 import json
 
 from nemo_gym.testing.e2e import collect_examples_e2e
-
-
-def call(name, arguments):
-    return {"type": "function_call", "name": name, "arguments": arguments}
+from nemo_gym.testing.script import answer_rule, rule
+from nemo_gym.testing.script import tool_call as call
 
 
 def first_step(request_part, *items):
     """The model's first step for the row whose request contains `request_part`."""
-    match = {"last_user_contains": request_part, "tool_outputs": 0}
-    return {"name": request_part, "match": match, "output": list(items)}
+    return answer_rule(request_part, *items, tool_outputs=0)
 
 
 SCRIPT = [
@@ -42,7 +39,7 @@ SCRIPT = [
         call("search_restaurants", {"cuisine": "Vietnamese", "city": "Melbourne", "max_price": 2}),
     ),
     # Every rollout that called something: one closing message once the tool results are in.
-    {"name": "after the calls", "match": {"tool_outputs": {"min": 1}}, "output": ["I could not complete that."]},
+    rule("I could not complete that.", name="after the calls", tool_outputs={"min": 1}),
 ]
 
 

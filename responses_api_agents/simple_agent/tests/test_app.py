@@ -11,76 +11,46 @@ from __future__ import annotations
 
 import asyncio
 import json
-from contextlib import ExitStack
-from typing import ContextManager, Iterator, Optional
+from typing import Iterator, Optional
 
 import httpx
 import pytest
 from fastapi import Body, FastAPI, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from nemo_gym.base_resources_server import (
-    BaseResourcesServerConfig,
-    BaseRunRequest,
-    BaseSeedSessionRequest,
-    BaseSeedSessionResponse,
-    BaseVerifyRequest,
-    BaseVerifyResponse,
-    SimpleResourcesServer,
-)
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.server_utils import SESSION_ID_KEY, ServerClient
+from nemo_gym.server_utils import SESSION_ID_KEY
+from nemo_gym.testing.counter_server import (
+    CounterResourcesServer,
+    CounterVerifyRequest,
+    CounterVerifyResponse,
+    IncrementCounterRequest,
+)
 from nemo_gym.testing.fake_openai_server import build_app as build_fake_backend
-from nemo_gym.testing.live_server import live_server
+from nemo_gym.testing.live_server import live_server, live_servers
+from nemo_gym.testing.script import tool_call as call
+from nemo_gym.testing.servers import make_server, make_server_client, server_config
 from responses_api_agents.simple_agent.app import SimpleAgent, SimpleAgentConfig, _add_usage, _update_cookies
-from responses_api_models.openai_model.app import SimpleModelServer, SimpleModelServerConfig
+from responses_api_models.openai_model.app import SimpleModelServer
 
 # ------------------------------------------------------------------------------------------------------------
-# A resources server with per-session state
+# A resources server with per-session state: nemo_gym.testing's counter server, plus tools that read the counter,
+# fail and hang, and a record of the calls it got.
 
 
-class SeedRequest(BaseSeedSessionRequest):
-    initial_count: int = 0
-
-
-class IncrementRequest(BaseModel):
-    count: int = 1
-
-
-class CounterRunRequest(BaseRunRequest):
-    expected_count: int = 0
-
-
-class CounterVerifyRequest(CounterRunRequest, BaseVerifyRequest):
-    pass
-
-
-class CounterVerifyResponse(CounterVerifyRequest, BaseVerifyResponse):
-    final_count: int
-
-
-class CounterResources(SimpleResourcesServer):
-    config: BaseResourcesServerConfig
-    counters: dict[str, int] = Field(default_factory=dict)
+class CounterResources(CounterResourcesServer):
     calls: list[str] = Field(default_factory=list)
 
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
-        app.post("/increment_counter")(self.increment_counter)
         app.post("/get_counter")(self.get_counter)
         app.post("/explode")(self.explode)
         app.post("/slow")(self.slow)
         return app
 
-    async def seed_session(self, request: Request, body: SeedRequest) -> BaseSeedSessionResponse:
-        self.counters[request.session[SESSION_ID_KEY]] = body.initial_count
-        return BaseSeedSessionResponse()
-
-    async def increment_counter(self, request: Request, body: IncrementRequest) -> dict:
+    async def increment_counter(self, request: Request, body: IncrementCounterRequest) -> dict:
         self.calls.append("increment_counter")
-        sid = request.session[SESSION_ID_KEY]
-        self.counters[sid] = self.counters.get(sid, 0) + body.count
-        return {"count": self.counters[sid]}
+        return await super().increment_counter(request, body)
 
     async def get_counter(self, request: Request) -> dict:
         self.calls.append("get_counter")
@@ -96,16 +66,11 @@ class CounterResources(SimpleResourcesServer):
 
     async def verify(self, request: Request, body: CounterVerifyRequest) -> CounterVerifyResponse:
         self.calls.append("verify")
-        final = self.counters.pop(request.session[SESSION_ID_KEY], -1)
-        return CounterVerifyResponse(**body.model_dump(), reward=float(final == body.expected_count), final_count=final)
+        return await super().verify(request, body)
 
 
 # ------------------------------------------------------------------------------------------------------------
 # The script of the fake LLM
-
-
-def call(name: str, arguments) -> dict:
-    return {"type": "function_call", "name": name, "arguments": arguments}
 
 
 USAGE_1 = {"input_tokens": 11, "input_tokens_details": {"cached_tokens": 2}, "output_tokens": 3,
@@ -178,12 +143,7 @@ def row(tag: str, *, initial: int = 0, expected: int = 0, **extra) -> dict:
 # The stack
 
 
-def serve(app) -> ContextManager[str]:
-    return live_server(app, backlog=1024, stop_timeout=15, timeout_graceful_shutdown=1)
-
-
-def _block(server_type: str, url: str) -> dict:
-    return {server_type: {"impl": {"host": "127.0.0.1", "port": int(url.rsplit(":", 1)[1]), "entrypoint": "app.py"}}}
+SERVE_OPTIONS = {"backlog": 1024, "stop_timeout": 15, "timeout_graceful_shutdown": 1}  # for live_server
 
 
 class Stack:
@@ -212,48 +172,40 @@ class TaggingAgent(SimpleAgent):
         return answer
 
 
+REFS = {
+    "resources_server": {"type": "resources_servers", "name": "counter_resources"},
+    "model_server": {"type": "responses_api_models", "name": "policy_model"},
+}
+
+
 def agent_config(name: str, **extra) -> SimpleAgentConfig:
-    return SimpleAgentConfig(
-        host="127.0.0.1", port=0, entrypoint="app.py", name=name,
-        resources_server={"type": "resources_servers", "name": "counter_resources"},
-        model_server={"type": "responses_api_models", "name": "policy_model"},
-        **extra,
-    )
+    return server_config(SimpleAgentConfig, name, **REFS, **extra)
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     global_config: dict = {}
-    client = ServerClient(head_server_config={"host": "127.0.0.1", "port": 11000}, global_config_dict=global_config)
-    resources = CounterResources(
-        config=BaseResourcesServerConfig(host="127.0.0.1", port=0, entrypoint="app.py", name="counter_resources", domain="agent"),
-        server_client=client,
-    )
-    with ExitStack() as es:
-        backend = es.enter_context(serve(build_fake_backend(script=RULES)))
-        model = SimpleModelServer(
-            config=SimpleModelServerConfig(
-                host="127.0.0.1", port=0, entrypoint="app.py", name="policy_model",
-                openai_base_url=backend + "/v1", openai_api_key="dummy", openai_model="fake-model",
-            ),
-            server_client=client,
+    client = make_server_client(global_config)
+
+    def agent(name: str, cls=SimpleAgent, **extra) -> SimpleAgent:
+        return make_server(cls, name=name, server_client=client, **REFS, **extra)
+
+    resources = make_server(CounterResources, name="counter_resources", server_client=client, domain="agent")
+    with live_server(build_fake_backend(script=RULES), **SERVE_OPTIONS) as backend:
+        model = make_server(
+            SimpleModelServer, name="policy_model", server_client=client,
+            openai_base_url=backend + "/v1", openai_api_key="dummy", openai_model="fake-model",
         )
         servers = {
-            "counter_resources": ("resources_servers", resources),
-            "policy_model": ("responses_api_models", model),
-            "agent": ("responses_api_agents", SimpleAgent(config=agent_config("agent"), server_client=client)),
-            "capped_agent": ("responses_api_agents", SimpleAgent(config=agent_config("capped_agent", max_steps=2), server_client=client)),
-            "tagging_agent": ("responses_api_agents", TaggingAgent(config=agent_config("tagging_agent"), server_client=client)),
-            "impatient_agent": (
-                "responses_api_agents",
-                SimpleAgent(config=agent_config("impatient_agent", tool_timeout_seconds=0.5), server_client=client),
-            ),
+            "counter_resources": resources,
+            "policy_model": model,
+            "agent": agent("agent"),
+            "capped_agent": agent("capped_agent", max_steps=2),
+            "tagging_agent": agent("tagging_agent", TaggingAgent),
+            "impatient_agent": agent("impatient_agent", tool_timeout_seconds=0.5),
         }
-        urls = {}
-        for name, (server_type, server) in servers.items():
-            urls[name] = es.enter_context(serve(server.build_app()))
-            global_config[name] = _block(server_type, urls[name])
-        yield Stack(urls, resources)
+        with live_servers(servers, global_config, **SERVE_OPTIONS) as urls:
+            yield Stack(urls, resources)
 
 
 def outputs(result: dict) -> list[dict]:

@@ -23,12 +23,8 @@ pytest.importorskip(
 from openai import AsyncOpenAI  # noqa: E402
 
 from nemo_gym.testing.live_server import live_server  # noqa: E402
-from responses_api_models.local_llama_model.app import (  # noqa: E402
-    LocalLlamaModel,
-    LocalLlamaModelConfig,
-    default_model_path,
-    load_llama,
-)
+from nemo_gym.testing.servers import make_server  # noqa: E402
+from responses_api_models.local_llama_model.app import LocalLlamaModel, default_model_path, load_llama  # noqa: E402
 
 WEATHER_TOOL = {
     "type": "function",
@@ -63,14 +59,13 @@ def chat_tool(tool: dict) -> dict:
     }
 
 
-def make_server(**overrides) -> LocalLlamaModel:
-    config = LocalLlamaModelConfig(host="127.0.0.1", port=0, entrypoint="app.py", name="policy_model", **overrides)
-    return LocalLlamaModel(config=config)
+def new_server(**overrides) -> LocalLlamaModel:
+    return make_server(LocalLlamaModel, name="policy_model", **overrides)
 
 
 @pytest.fixture(scope="module")
 def server() -> LocalLlamaModel:
-    return make_server(temperature=0.0, seed=1234)
+    return new_server(temperature=0.0, seed=1234)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +119,7 @@ def test_model_is_loaded_once_per_process(server):
     again = load_llama(None, n_ctx=server.config.n_ctx, n_threads=server.config.n_threads,
                        n_batch=server.config.n_batch, chat_format=server.config.chat_format)
     assert again is server.loaded
-    assert make_server().loaded is server.loaded  # a second server instance shares the model
+    assert new_server().loaded is server.loaded  # a second server instance shares the model
     assert server.model_name.lower().startswith("smollm2")
 
 
@@ -132,7 +127,7 @@ def test_missing_model_path_is_a_clear_error():
     from nemo_gym.errors import NeMoGymConfigError
 
     with pytest.raises(NeMoGymConfigError, match="not a file"):
-        make_server(model_path="/nonexistent/model.gguf").build_app()
+        new_server(model_path="/nonexistent/model.gguf").build_app()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -325,7 +320,7 @@ def test_unsupported_inputs_are_400(http):
 
 
 async def test_prompt_longer_than_the_context_window_is_a_400():
-    small = make_server(n_ctx=128)
+    small = new_server(n_ctx=128)
     transport = httpx.ASGITransport(app=small.build_app())
     async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as client:
         response = await client.post("/v1/responses", json={"input": "word " * 400, "max_output_tokens": 8})

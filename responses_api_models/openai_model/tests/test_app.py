@@ -5,12 +5,12 @@ import json
 
 import httpx
 import pytest
-from openai import APIStatusError, AsyncOpenAI
+from openai import AsyncOpenAI
 
-from nemo_gym.http.client import ServerClient
 from nemo_gym.testing.fake_openai_server import build_app
 from nemo_gym.testing.live_server import live_server
-from responses_api_models.openai_model.app import SimpleModelServer, SimpleModelServerConfig
+from nemo_gym.testing.servers import make_server
+from responses_api_models.openai_model.app import SimpleModelServer
 
 WEATHER_TOOL = {
     "type": "function", "name": "get_weather", "description": "Weather of a city", "strict": False,
@@ -26,11 +26,10 @@ def upstream():
 
 @contextlib.contextmanager
 def openai_model(upstream_url: str, **fields):
-    config = SimpleModelServerConfig(
-        host="127.0.0.1", port=0, entrypoint="app.py", name="policy_model",
+    server = make_server(
+        SimpleModelServer, name="policy_model",
         openai_base_url=upstream_url, openai_api_key="sk-upstream", openai_model="served-model", **fields,
     )
-    server = SimpleModelServer(config=config, server_client=ServerClient(global_config_dict={}))
     with live_server(server.build_app()) as url:
         yield url
 

@@ -27,8 +27,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from nemo_gym.openai_utils import NeMoGymChatCompletion, NeMoGymResponse
-from nemo_gym.server_utils import ServerClient
 from nemo_gym.testing.live_server import live_server
+from nemo_gym.testing.servers import make_server, server_config
 from nemo_gym.testing.stack import free_port
 from responses_api_models.vllm_model.app import VLLMModel, VLLMModelConfig
 
@@ -180,13 +180,8 @@ def up_url(upstreams) -> str:
 def vllm_model(base_url: Any, **fields: Any) -> Iterator[str]:
     fields.setdefault("return_token_id_information", False)
     fields.setdefault("uses_reasoning_parser", False)
-    config = VLLMModelConfig(
-        host="127.0.0.1", port=0, entrypoint="app.py", name="policy_model", base_url=base_url, api_key="up-key",
-        model="served-model", **fields,
-    )
-    server = VLLMModel(
-        config=config,
-        server_client=ServerClient(head_server_config={"host": "127.0.0.1", "port": 11000}, global_config_dict={}),
+    server = make_server(
+        VLLMModel, name="policy_model", base_url=base_url, api_key="up-key", model="served-model", **fields
     )
     with live_server(server.build_app()) as url:
         yield url
@@ -556,9 +551,10 @@ async def test_sticky_sessions_are_bounded(monkeypatch):
     from responses_api_models.vllm_model import app as app_module
 
     monkeypatch.setattr(app_module, "MAX_STICKY_SESSIONS", 2)
-    config = VLLMModelConfig(host="127.0.0.1", port=0, entrypoint="app.py", name="m", base_url=["http://a/v1",
-                             "http://b/v1", "http://c/v1"], model="x", return_token_id_information=False,
-                             uses_reasoning_parser=False)
+    config = server_config(
+        VLLMModelConfig, "m", base_url=["http://a/v1", "http://b/v1", "http://c/v1"], model="x",
+        return_token_id_information=False, uses_reasoning_parser=False,
+    )
     model = VLLMModel(config=config, server_client=None)
     urls = [(await model._client_for(s)).base_url for s in ("s1", "s2", "s1", "s3", "s4")]
     assert urls == ["http://a/v1", "http://b/v1", "http://a/v1", "http://c/v1", "http://a/v1"]
