@@ -8,18 +8,20 @@ There are no tools. A row lists its instructions (`instruction_id_list`) with an
 reward, by `grading_mode`:
   - `binary` (default): 1.0 iff every instruction is followed, else 0.0;
   - `fraction`: the fraction of instructions followed.
-An instruction that cannot be checked (unknown id, missing or invalid kwargs) counts as not followed, and the
-reason is reported in `instruction_errors`; the request itself never fails for it. A row with no instructions
-scores 0.0.
+An unknown instruction id or kwargs a checker does not accept make the request invalid (422 over HTTP; a
+validation error naming the row, the id and the closest known id in `ng_prepare_data` and `ng_test`, which check
+data rows with this request model): a misconfigured row never grades as a silent 0. A checker that fails while
+checking counts as not followed, with the reason in `instruction_errors`. A row with no instructions scores 0.0.
 
 This is the pattern for a verifier made of many small independent checks: a registry of checkers, one result per
-check in the response (`follow_instruction_list`) next to the aggregated reward, and errors reported per check
-instead of failing the request.
+check in the response (`follow_instruction_list`) next to the aggregated reward, and the configuration of every
+check validated with the request.
 """
 
 from typing import Any, Literal, Optional, Union
 
 from fastapi import FastAPI
+from pydantic import model_validator
 
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
@@ -28,7 +30,11 @@ from nemo_gym.base_resources_server import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
-from resources_servers.instruction_following.instructions import INSTRUCTION_REGISTRY, check_instruction
+from resources_servers.instruction_following.instructions import (
+    INSTRUCTION_REGISTRY,
+    check_instruction,
+    validate_instructions,
+)
 
 __all__ = [
     "INSTRUCTION_REGISTRY",
@@ -54,6 +60,12 @@ class InstructionFollowingRunRequest(BaseRunRequest):
     kwargs: Optional[list[Optional[dict[str, Any]]]] = None
     prompt: Optional[str] = None  # the prompt text as given to the model; carried along, not graded
     grading_mode: Literal["binary", "fraction"] = "binary"
+
+    @model_validator(mode="after")
+    def _instructions_can_be_built(self):
+        # Every id must be known and its kwargs accepted by its checker: raises a ValueError naming each problem.
+        validate_instructions(self.instruction_id_list, self.kwargs, self.id)
+        return self
 
 
 class InstructionFollowingVerifyRequest(InstructionFollowingRunRequest, BaseVerifyRequest):

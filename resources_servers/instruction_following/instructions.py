@@ -22,6 +22,8 @@ import json
 import re
 from typing import Any, ClassVar, Optional, TypeVar
 
+from nemo_gym.errors import did_you_mean
+
 from resources_servers.instruction_following.text_utils import (
     case_tokens,
     count_sentences,
@@ -126,6 +128,28 @@ def _relation_words(relation: str) -> str:
 # ================================================================================================ length
 
 
+def divider_paragraphs(text: str, markers: tuple[str, ...] = ("***",)) -> Optional[list[str]]:
+    """The paragraphs of a text divided by a standalone markdown divider (`***`, or any of `markers`), stripped.
+    An empty piece before the first or after the last divider is ignored; None when a piece between two
+    dividers is empty (the paragraph count is then wrong whatever it is asked to be)."""
+    pieces = [text]
+    for marker in markers:
+        pieces = [part for piece in pieces for part in split_on_marker(piece, marker)]
+    return separated_pieces(pieces)
+
+
+def separated_pieces(pieces: list[str]) -> Optional[list[str]]:
+    """The stripped non-empty pieces of a text split on a separator; an empty piece before the first or after
+    the last separator is ignored, and None when a piece between two separators is empty."""
+    kept = []
+    for index, piece in enumerate(pieces):
+        if piece.strip():
+            kept.append(piece.strip())
+        elif 0 < index < len(pieces) - 1:
+            return None
+    return kept
+
+
 @register
 class NumberOfWords(Instruction):
     """Word count compared with a threshold. Words are runs of letters/digits/underscore (`\\w+`)."""
@@ -171,14 +195,8 @@ class NumberOfParagraphs(Instruction):
         return f"Write exactly {count} paragraphs, separated from each other by the markdown divider ***."
 
     def check_following(self, text: str) -> bool:
-        pieces = split_on_marker(text, "***")
-        count = 0
-        for index, piece in enumerate(pieces):
-            if piece.strip():
-                count += 1
-            elif 0 < index < len(pieces) - 1:
-                return False
-        return count == self._args["num_paragraphs"]
+        paragraphs = divider_paragraphs(text)
+        return paragraphs is not None and len(paragraphs) == self._args["num_paragraphs"]
 
 
 @register
@@ -218,6 +236,17 @@ class NthParagraphFirstWord(Instruction):
 
 def _contains(text: str, phrase: str) -> bool:
     return phrase.lower() in text.lower()
+
+
+def count_occurrences(text: str, phrase: str) -> int:
+    """Non-overlapping case-insensitive occurrences of `phrase` anywhere (inside longer words too), the IFEval
+    keyword counting rule."""
+    return text.lower().count(phrase.lower())
+
+
+def count_whole_words(text: str, phrase: str) -> int:
+    """Case-insensitive occurrences of `phrase` as a whole word (or phrase), the IFBench keyword counting rule."""
+    return len(_whole_word_pattern(phrase).findall(text))
 
 
 def _whole_word_pattern(phrase: str) -> re.Pattern:
@@ -272,7 +301,7 @@ class KeywordFrequency(Instruction):
         return f"The word {args['keyword']!r} should appear {_relation_words(relation)} {args['frequency']} times."
 
     def check_following(self, text: str) -> bool:
-        count = text.lower().count(self._args["keyword"].lower())
+        count = count_occurrences(text, self._args["keyword"])
         return _compare(count, self._args["relation"], self._args["frequency"])
 
 
@@ -558,19 +587,26 @@ class Quotation(Instruction):
 # ============================================================================================ punctuation
 
 
+class ForbiddenCharacters(Instruction):
+    """Base of the "no X anywhere" instructions: followed when none of `FORBIDDEN` occurs in the text."""
+
+    FORBIDDEN: ClassVar[frozenset[str]] = frozenset()
+    DESCRIPTION: ClassVar[str] = ""
+
+    def build_description(self) -> str:
+        return self.DESCRIPTION
+
+    def check_following(self, text: str) -> bool:
+        return not any(char in self.FORBIDDEN for char in text)
+
+
 @register
-class NoComma(Instruction):
+class NoComma(ForbiddenCharacters):
     """No comma anywhere: the ASCII comma and its CJK/fullwidth/Arabic forms (`，`, `、`, `،`, `﹐`)."""
 
     instruction_id = "punctuation:no_comma"
-
-    _COMMAS = frozenset(",，、،﹐")
-
-    def build_description(self) -> str:
-        return "In your entire response, refrain from the use of any commas."
-
-    def check_following(self, text: str) -> bool:
-        return not any(char in self._COMMAS for char in text)
+    FORBIDDEN = frozenset(",，、،﹐")
+    DESCRIPTION = "In your entire response, refrain from the use of any commas."
 
 
 # ============================================================================================ combination
@@ -607,46 +643,143 @@ class TwoResponses(Instruction):
         return f"Give two different responses, separated by 6 asterisk symbols: {self.SEPARATOR}."
 
     def check_following(self, text: str) -> bool:
-        pieces = text.split(self.SEPARATOR)
-        responses = []
-        for index, piece in enumerate(pieces):
-            if piece.strip():
-                responses.append(piece.strip())
-            elif 0 < index < len(pieces) - 1:
-                return False
-        return len(responses) == 2 and responses[0] != responses[1]
+        responses = separated_pieces(text.split(self.SEPARATOR))
+        return responses is not None and len(responses) == 2 and responses[0] != responses[1]
+
+
+# ============================================================================================== language
+
+# The languages the bundled detector (`langdetect`, the detector IFEval grades with) can tell apart, by ISO 639-1
+# code; `zh` is accepted for either written Chinese.
+LANGUAGE_NAMES = {
+    "af": "Afrikaans", "ar": "Arabic", "bg": "Bulgarian", "bn": "Bengali", "ca": "Catalan", "cs": "Czech",
+    "cy": "Welsh", "da": "Danish", "de": "German", "el": "Greek", "en": "English", "es": "Spanish",
+    "et": "Estonian", "fa": "Persian", "fi": "Finnish", "fr": "French", "gu": "Gujarati", "he": "Hebrew",
+    "hi": "Hindi", "hr": "Croatian", "hu": "Hungarian", "id": "Indonesian", "it": "Italian", "ja": "Japanese",
+    "kn": "Kannada", "ko": "Korean", "lt": "Lithuanian", "lv": "Latvian", "mk": "Macedonian", "ml": "Malayalam",
+    "mr": "Marathi", "ne": "Nepali", "nl": "Dutch", "no": "Norwegian", "pa": "Punjabi", "pl": "Polish",
+    "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sk": "Slovak", "sl": "Slovenian", "so": "Somali",
+    "sq": "Albanian", "sv": "Swedish", "sw": "Swahili", "ta": "Tamil", "te": "Telugu", "th": "Thai",
+    "tl": "Tagalog", "tr": "Turkish", "uk": "Ukrainian", "ur": "Urdu", "vi": "Vietnamese", "zh": "Chinese",
+    "zh-cn": "Chinese (simplified)", "zh-tw": "Chinese (traditional)",
+}
+
+_detector_factory = None
+
+
+def detect_language(text: str) -> str:
+    """The language code `langdetect` gives the text, with a fixed seed so the same text always gets the same
+    answer. Raises ImportError when langdetect is not installed (it is in this server's requirements.txt)."""
+    global _detector_factory
+    if _detector_factory is None:
+        from langdetect.detector_factory import PROFILES_DIRECTORY, DetectorFactory
+
+        factory = DetectorFactory()
+        factory.load_profile(PROFILES_DIRECTORY)
+        factory.seed = 0
+        _detector_factory = factory
+    detector = _detector_factory.create()
+    detector.append(text)
+    return detector.detect()
+
+
+@register
+class ResponseLanguage(Instruction):
+    """The whole answer is in `language` (an ISO 639-1 code such as `en`, `fr`, `ja`), as told by the `langdetect`
+    detector IFEval uses. An answer with no letters at all is not in any language: it fails (IFEval, whose
+    detector raises on such text, counted it as followed)."""
+
+    instruction_id = "language:response_language"
+
+    def build_description(self, *, language: str) -> str:
+        if not isinstance(language, str) or language.strip().lower() not in LANGUAGE_NAMES:
+            raise InstructionArgumentError(
+                f"language must be one of the ISO 639-1 codes {sorted(LANGUAGE_NAMES)}, got {language!r}"
+            )
+        self._args = {"language": language.strip().lower()}
+        name = LANGUAGE_NAMES[self._args["language"]]
+        return f"Your ENTIRE response should be in {name} language, no other language is allowed."
+
+    def check_following(self, text: str) -> bool:
+        if not any(char.isalpha() for char in text):
+            return False
+        detected = detect_language(text)
+        wanted = self._args["language"]
+        return detected == wanted or (wanted == "zh" and detected.startswith("zh-"))
 
 
 # ================================================================================================ grading
 
 CheckResult = tuple[bool, Optional[str]]
 
-# IFEval ids this project knows but does not check (yet), with the reason reported for them.
-NOT_IMPLEMENTED = {
-    "language:response_language": "it needs a language identifier, and none is bundled (no run-time downloads)",
-}
+
+class InstructionValidationError(ValueError):
+    """An instruction of a row cannot be built: unknown id, or kwargs it does not accept."""
+
+
+def build_instruction(instruction_id: str, kwargs: Optional[dict[str, Any]]) -> Instruction:
+    """The checker for one instruction, built with its non-null kwargs. Raises InstructionValidationError saying
+    what is wrong (an unknown id comes with the closest known id, if any)."""
+    cls = INSTRUCTION_REGISTRY.get(instruction_id)
+    if cls is None:
+        if instruction_id in NOT_SUPPORTED:
+            raise InstructionValidationError(f"instruction {instruction_id!r} is {NOT_SUPPORTED[instruction_id]}")
+        hint = did_you_mean(str(instruction_id), INSTRUCTION_REGISTRY)
+        raise InstructionValidationError(f"unknown instruction id {instruction_id!r}" + ("." + hint if hint else ""))
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise InstructionValidationError(f"invalid kwargs for {instruction_id}: expected an object, got {kwargs!r}")
+    args = {key: value for key, value in (kwargs or {}).items() if value is not None}
+    checker = cls(instruction_id)
+    try:
+        checker.build_description(**args)
+    except (TypeError, ValueError) as error:
+        raise InstructionValidationError(f"invalid kwargs for {instruction_id}: {_describe(error)}") from None
+    return checker
 
 
 def check_instruction(instruction_id: str, kwargs: Optional[dict[str, Any]], text: str) -> CheckResult:
     """Build the checker for one instruction with its non-null kwargs and check the text.
 
     Returns (followed, error): error is None when the instruction was checked, otherwise why it could not be
-    (unknown id, bad kwargs, a checker failure) and followed is False. Never raises."""
-    cls = INSTRUCTION_REGISTRY.get(instruction_id)
-    if cls is None:
-        if instruction_id in NOT_IMPLEMENTED:
-            return False, f"instruction {instruction_id!r} is not implemented: {NOT_IMPLEMENTED[instruction_id]}"
-        return False, f"unknown instruction id {instruction_id!r}"
-    args = {key: value for key, value in (kwargs or {}).items() if value is not None}
+    (unknown id, bad kwargs, a checker failure) and followed is False. Never raises. Requests are validated
+    before grading (`validate_instructions`), so an unknown id or bad kwargs only get here when a caller skips
+    that."""
     try:
-        checker = cls(instruction_id)
-        checker.build_description(**args)
-    except (TypeError, ValueError) as error:
-        return False, f"invalid kwargs for {instruction_id}: {_describe(error)}"
+        checker = build_instruction(instruction_id, kwargs)
+    except InstructionValidationError as error:
+        return False, str(error)
     try:
         return bool(checker.check_following(text)), None
     except Exception as error:  # a checker bug fails this instruction, not the whole verify call
         return False, f"{instruction_id} failed while checking: {type(error).__name__}: {error}"
+
+
+def validate_instructions(
+    instruction_ids: list[str], kwargs_list: Optional[list[Optional[dict[str, Any]]]], row_id: Any = None
+) -> None:
+    """Raise InstructionValidationError listing every instruction of a row that cannot be built: each problem
+    names its position, the id, the row id (when the row has one) and, for an unknown id, the closest known id."""
+    kwargs_list = kwargs_list or []
+    row = f" (row id {row_id!r})" if row_id is not None else ""
+    problems = []
+    for index, instruction_id in enumerate(instruction_ids):
+        kwargs = kwargs_list[index] if index < len(kwargs_list) else None
+        try:
+            build_instruction(instruction_id, kwargs)
+        except InstructionValidationError as error:
+            problems.append(f"instruction_id_list[{index}]{row}: {error}")
+    if problems:
+        raise InstructionValidationError(
+            "; ".join(problems)
+            + " (the supported ids and their kwargs: resources_servers/instruction_following/README.md)"
+        )
+
+
+# Ids of the IFBench families this server knows but cannot grade offline, with the reason. They are rejected at
+# validation time like unknown ids, with the reason in the message.
+NOT_SUPPORTED = {
+    "words:start_verb": "not supported: it needs a part-of-speech tagger model, and none is bundled",
+}
 
 
 def _describe(error: Exception) -> str:
@@ -654,3 +787,7 @@ def _describe(error: Exception) -> str:
     # drop the method name, the id in the message already says which checker it is.
     return re.sub(r"^\w+\.build_description\(\) ", "", str(error))
 
+
+# The IF-RLVR training families and the IFBench families register themselves on import; they build on the
+# helpers above, so they are imported last.
+from resources_servers.instruction_following import ifbench, ifeval_train  # noqa: E402,F401

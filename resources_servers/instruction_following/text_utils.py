@@ -110,3 +110,107 @@ def split_on_marker(text: str, marker: str) -> list[str]:
     stripped or filtered: the caller decides what an empty piece means."""
     pattern = r"(?:(?<=\s)|^)" + re.escape(marker) + r"(?=\s|$)"
     return re.split(pattern, text)
+
+
+# ------------------------------------------------------------------------------------- words, other readings
+
+# A word with its inner apostrophes and hyphens kept ("don't", "state-of-the-art" are one word each), no dots.
+_JOINED_WORD = re.compile(r"\w+(?:['’\-]\w+)*")
+# ASCII punctuation, as Python's `string.punctuation`, plus the typographic quotes and dashes models write.
+PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~“”‘’–—…«»"
+_PUNCTUATION_TABLE = str.maketrans("", "", PUNCTUATION)
+
+
+def joined_words(text: str) -> list[str]:
+    return _JOINED_WORD.findall(text)
+
+
+def without_punctuation(text: str) -> str:
+    return text.translate(_PUNCTUATION_TABLE)
+
+
+def bare_words(text: str) -> list[str]:
+    """Lowercased whitespace-separated words with every punctuation mark removed ("Don't!" -> "dont"); pieces
+    that were only punctuation disappear."""
+    return without_punctuation(text).lower().split()
+
+
+def trim_punctuation(word: str) -> str:
+    """The word without punctuation (and markdown emphasis) at either end: `"**Hello,**"` -> `Hello`."""
+    return word.strip(PUNCTUATION + " \t\n")
+
+
+def edge_words(text: str) -> list[str]:
+    """Whitespace-separated words with the punctuation at their ends trimmed; pieces that were only punctuation
+    disappear. Inner punctuation stays ("don't", "3.14")."""
+    return [word for word in (trim_punctuation(piece) for piece in text.split()) if word]
+
+
+# ----------------------------------------------------------------------------------------------- characters
+
+# Pictographic code points (emoji proper, symbols and pictographs, dingbats, regional indicators, keycaps).
+_EMOJI_RANGES = (
+    (0x1F000, 0x1FAFF),  # mahjong, cards, enclosed alphanumerics/ideographs, pictographs, emoticons, transport...
+    (0x2600, 0x27BF),  # miscellaneous symbols and dingbats
+    (0x2300, 0x23FF),  # watch, hourglass, keyboard, media buttons
+    (0x2B00, 0x2BFF),  # arrows, stars, large circles and squares
+    (0x2190, 0x21FF),  # arrows used as emoji
+    (0x3030, 0x3030),
+    (0x303D, 0x303D),
+    (0x3297, 0x3299),
+    (0x00A9, 0x00A9),
+    (0x00AE, 0x00AE),
+    (0x203C, 0x203C),
+    (0x2049, 0x2049),
+    (0x2122, 0x2122),
+    (0x2139, 0x2139),
+    (0x24C2, 0x24C2),
+    (0x25AA, 0x25FE),
+    (0xE0020, 0xE007F),  # tag characters of flag sequences
+)
+# Joiners and modifiers that sit inside or after an emoji: ZWJ, variation selectors, skin tones, keycap.
+_EMOJI_MODIFIERS = frozenset(
+    [0x200D, 0xFE0E, 0xFE0F, 0x20E3] + list(range(0x1F3FB, 0x1F400))
+)
+
+
+def is_emoji(char: str) -> bool:
+    code = ord(char)
+    return any(low <= code <= high for low, high in _EMOJI_RANGES)
+
+
+def strip_emoji_modifiers(text: str) -> str:
+    """`text` without trailing/leading joiners, variation selectors and skin-tone modifiers."""
+    start, end = 0, len(text)
+    while end > start and ord(text[end - 1]) in _EMOJI_MODIFIERS:
+        end -= 1
+    while start < end and ord(text[start]) in _EMOJI_MODIFIERS:
+        start += 1
+    return text[start:end]
+
+
+_JAPANESE = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]")  # hiragana, katakana, CJK ideographs
+
+
+def has_japanese(text: str) -> bool:
+    return _JAPANESE.search(text) is not None
+
+
+# ------------------------------------------------------------------------------------------------ syllables
+
+_VOWEL_GROUP = re.compile(r"[aeiouy]+")
+
+
+def count_syllables(word: str) -> int:
+    """An estimate of the syllables of an English word: vowel groups (y counts as a vowel), less a silent final
+    `e` ("make", but not "table" or "be"), less `-es`/`-ed` endings that add no syllable ("makes", "jumped",
+    but not "wanted" or "buses"). At least 1 for any word with a letter. Irregular words can be off by one."""
+    word = "".join(char for char in word.lower() if char.isalpha())
+    if not word:
+        return 0
+    count = len(_VOWEL_GROUP.findall(word))
+    if len(word) > 2 and word.endswith("e") and not word.endswith(("le", "ee", "ye")) and word[-2] not in "aeiouy":
+        count -= 1
+    elif len(word) > 3 and word.endswith(("es", "ed")) and word[-3] not in "aeiouytdsxzhg":
+        count -= 1
+    return max(count, 1)
