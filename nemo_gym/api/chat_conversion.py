@@ -40,7 +40,7 @@ import itertools
 import os
 import re
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import orjson
 
@@ -352,6 +352,21 @@ def _response_format(fmt: Any, unmapped: list[str]) -> Optional[dict]:
     return None
 
 
+def _mapped_sub_field(params: dict, name: str, mapped: str, unmapped: list[str]) -> Iterator[Any]:
+    """Walk the set sub-fields of ``params[name]`` (a dict) in order: yield the value of ``mapped``, name every
+    other one in ``unmapped`` as ``<name>.<key>``. A generator, so ``unmapped`` keeps the order of the fields."""
+    block = params.get(name)
+    if not isinstance(block, dict):
+        return
+    for key, value in block.items():
+        if value is None:
+            continue
+        if key == mapped:
+            yield value
+        else:
+            unmapped.append(f"{name}.{key}")
+
+
 # Fields copied as they are (same name, same meaning in Chat Completions).
 _COPIED = ("temperature", "top_p", "seed", "user", "store", "service_tier", "metadata")
 # Fields handled elsewhere, or that change nothing about the generation.
@@ -426,27 +441,12 @@ def responses_to_chat_params(
         else:
             unmapped.append(f"include[{value}]")
 
-    reasoning = params.get("reasoning")
-    if isinstance(reasoning, dict):
-        for key, value in reasoning.items():
-            if value is None:
-                continue
-            if key == "effort":
-                chat["reasoning_effort"] = value
-            else:
-                unmapped.append(f"reasoning.{key}")
-
-    text = params.get("text")
-    if isinstance(text, dict):
-        for key, value in text.items():
-            if value is None:
-                continue
-            if key == "format":
-                response_format = _response_format(value, unmapped)
-                if response_format is not None:
-                    chat["response_format"] = response_format
-            else:
-                unmapped.append(f"text.{key}")
+    for effort in _mapped_sub_field(params, "reasoning", "effort", unmapped):
+        chat["reasoning_effort"] = effort
+    for fmt in _mapped_sub_field(params, "text", "format", unmapped):
+        response_format = _response_format(fmt, unmapped)
+        if response_format is not None:
+            chat["response_format"] = response_format
 
     if params.get("truncation") not in (None, "disabled"):
         unmapped.append("truncation")

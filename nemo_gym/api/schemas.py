@@ -1,6 +1,6 @@
 """Responses API and Chat Completions schemas: the ``NeMoGym*`` models.
 
-Environment code imports these names from ``nemo_gym.api.schemas`` exactly as it did with NeMo Gym v0.2.
+Environment code imports these names from ``nemo_gym.openai_utils`` (which re-exports this module) exactly as it did with NeMo Gym v0.2.
 What they describe:
 
 * Responses API items that can appear in a request's ``input`` and in a response's ``output``

@@ -129,7 +129,7 @@ PORT_RANGE_HIGH_KEY_NAME = "port_range_high"
 DRY_RUN_KEY_NAME = "dry_run"
 UV_CACHE_DIR_KEY_NAME = "uv_cache_dir"
 UV_VENV_DIR_KEY_NAME = "uv_venv_dir"
-VENV_MODE_KEY_NAME = "venv_mode"  # ours: shared | isolated (DESIGN 2.4)
+VENV_MODE_KEY_NAME = "venv_mode"  # ours: shared | isolated (nemo_gym/runtime/venvs.py)
 ERROR_ON_ALMOST_SERVERS_KEY_NAME = "error_on_almost_servers"
 
 NEMO_GYM_RESERVED_TOP_LEVEL_KEYS = [

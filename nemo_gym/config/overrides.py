@@ -167,17 +167,8 @@ class _ValueParser:
             if self.i >= len(self.s):
                 raise _SyntaxError("missing closing `]` for this list", start)
             items.append(self._element(stops=",]"))
-            self._skip_ws()
-            c = self._peek()
-            if c == ",":
-                self.i += 1
-            elif c == "]":
-                self.i += 1
+            if self._closed_after_element("]", "list", start):
                 return items
-            elif c == "":
-                raise _SyntaxError("missing closing `]` for this list", start)
-            else:
-                raise _SyntaxError(f"expected `,` or `]` in list, found `{c}`", self.i)
 
     def _dict(self) -> dict:
         start = self.i
@@ -212,17 +203,22 @@ class _ValueParser:
             else:
                 value = self._element(stops=",}")
             out[str(key)] = value
-            self._skip_ws()
-            c = self._peek()
-            if c == ",":
-                self.i += 1
-            elif c == "}":
-                self.i += 1
+            if self._closed_after_element("}", "dict", start):
                 return out
-            elif c == "":
-                raise _SyntaxError("missing closing `}` for this dict", start)
-            else:
-                raise _SyntaxError(f"expected `,` or `}}` in dict, found `{c}`", self.i)
+
+    def _closed_after_element(self, closer: str, kind: str, start: int) -> bool:
+        """After a list or dict element: step over `,` (False) or the closing bracket (True); else a syntax error."""
+        self._skip_ws()
+        c = self._peek()
+        if c == ",":
+            self.i += 1
+            return False
+        if c == closer:
+            self.i += 1
+            return True
+        if c == "":
+            raise _SyntaxError(f"missing closing `{closer}` for this {kind}", start)
+        raise _SyntaxError(f"expected `,` or `{closer}` in {kind}, found `{c}`", self.i)
 
     def _quoted(self) -> str:
         quote = self.s[self.i]
@@ -392,7 +388,7 @@ def apply_overrides(cfg, overrides: Iterable[Override | str]):
     A dict value merges into an existing dict (like the reference, which merged the CLI config
     last); anything else replaces. `~key` deletes and fails naming the key when it is absent.
     Order matters, so `~a +a.b=1` leaves `a: {b: 1}`."""
-    from omegaconf import DictConfig, OmegaConf, open_dict
+    from omegaconf import OmegaConf, open_dict
 
     with open_dict(cfg):
         for ov in overrides:

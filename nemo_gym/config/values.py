@@ -1,5 +1,6 @@
 """How config values written as text (CLI overrides, env vars, YAML) read as Python values."""
 
+from collections.abc import Mapping
 from typing import Any
 
 TRUE_STRINGS = frozenset({"1", "true", "yes", "on"})
@@ -10,3 +11,26 @@ def truthy(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in TRUE_STRINGS
     return bool(value)
+
+
+def config_get(cfg: Any, key: str, default: Any = None) -> Any:
+    """`cfg.get(key)` for dicts and DictConfigs, where a missing config, a null value and an interpolation that
+    does not resolve all read as `default`: code that only reads an optional setting must not fail on them."""
+    if cfg is None:
+        return default
+    try:
+        value = cfg.get(key, default)
+    except Exception:
+        return default
+    return default if value is None else value
+
+
+def is_mapping(value: Any) -> bool:
+    """True for a dict-like config block: a `Mapping` or an OmegaConf `DictConfig`."""
+    if isinstance(value, Mapping):
+        return True
+    try:
+        from omegaconf import DictConfig
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(value, DictConfig)

@@ -29,7 +29,7 @@ class HeadServer:
     """Serves `/global_config_dict_yaml`, `/server_instances` and `/health` from a daemon thread.
 
     `config_yaml` is the masked global config. The YAML endpoint answers with a JSON string literal holding
-    the YAML text, as the reference does (its Appendix A.10), so clients written for it keep working;
+    the YAML text, as NeMo Gym v0.2 does, so clients written for it keep working;
     `?raw=true` returns the YAML itself.
     """
 

@@ -3,7 +3,8 @@ supervise them, and stop them all (and only them) on Ctrl-C, SIGTERM or a crash.
 
 Why it looks like this:
 - Ports are reserved (bound and listening) in this process and the socket is handed to the child, so no other
-  process can take a port between choosing and serving (the reference's race, its Appendix A.11).
+  process can take a port between choosing and serving (NeMo Gym v0.2 releases the port it chose and lets the
+  child bind it later, which another process can win).
 - Each child runs in its own session (process group), so a terminal Ctrl-C reaches only `ng_run`, which then
   stops the children in order (SIGINT, then SIGTERM, then SIGKILL) and kills whole groups: no orphans.
 - Child output is read line by line and forwarded; the last lines are kept so a crash report can show them.

@@ -1,4 +1,4 @@
-"""Ray only when needed (DESIGN 2.3).
+"""Ray only when a server asks for it.
 
 - `ng_run` (parent): `start_or_join_ray_for_launch(cfg)`. With `ray_head_node_address` set, it only remembers
   the address (children join it). Otherwise it starts a local cluster only if some server block says
@@ -21,8 +21,9 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
-from nemo_gym.config.values import truthy
+from typing import Any, Optional
+
+from nemo_gym.config.values import config_get, is_mapping, truthy
 
 RAY_ADDRESS_KEY = "ray_head_node_address"
 RAY_FLAG_KEY = "ray"
@@ -51,28 +52,6 @@ class RayHandle:
 # ------------------------------------------------------------------------------------------- detection
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    if cfg is None:
-        return default
-    try:
-        value = cfg.get(key, default)
-    except Exception:  # unresolvable interpolation and the like: treat as unset
-        return default
-    return default if value is None else value
-
-
-
-def _is_mapping(value: Any) -> bool:
-    if isinstance(value, Mapping):
-        return True
-    try:
-        from omegaconf import DictConfig
-
-        return isinstance(value, DictConfig)
-    except ImportError:  # pragma: no cover
-        return False
-
-
 def _server_impl_configs(global_config: Any):
     """Yield `(server_id, impl_config)` for every block shaped `id -> type -> impl -> {entrypoint, ...}`."""
     if global_config is None:
@@ -84,31 +63,31 @@ def _server_impl_configs(global_config: Any):
     for server_id in keys:
         if server_id in _NOT_SERVER_KEYS:
             continue
-        block = _get(global_config, server_id)
-        if not _is_mapping(block):
+        block = config_get(global_config, server_id)
+        if not is_mapping(block):
             continue
         for type_value in list(block.values()) if hasattr(block, "values") else []:
-            if not _is_mapping(type_value):
+            if not is_mapping(type_value):
                 continue
             for impl_value in list(type_value.values()):
-                if _is_mapping(impl_value) and "entrypoint" in impl_value:
+                if is_mapping(impl_value) and "entrypoint" in impl_value:
                     yield str(server_id), impl_value
 
 
 def server_config_wants_ray(server_config: Any) -> bool:
-    return truthy(_get(server_config, RAY_FLAG_KEY, False))
+    return truthy(config_get(server_config, RAY_FLAG_KEY, False))
 
 
 def server_wants_ray(global_config: Any) -> bool:
     """True when the global config has `ray: true` or any server block's implementation config does."""
-    if truthy(_get(global_config, RAY_FLAG_KEY, False)):
+    if truthy(config_get(global_config, RAY_FLAG_KEY, False)):
         return True
     return any(server_config_wants_ray(cfg) for _, cfg in _server_impl_configs(global_config))
 
 
 def _this_server_wants_ray(global_config: Any) -> bool:
     """Child side: the global flag, or the block named by NEMO_GYM_CONFIG_PATH."""
-    if truthy(_get(global_config, RAY_FLAG_KEY, False)):
+    if truthy(config_get(global_config, RAY_FLAG_KEY, False)):
         return True
     server_id = os.environ.get("NEMO_GYM_CONFIG_PATH")
     if not server_id:
@@ -176,10 +155,10 @@ def _start_local(global_config: Any, *, log_to_driver: bool) -> str:
         "log_to_driver": log_to_driver,
         "configure_logging": True,
     }
-    num_cpus = _get(global_config, "ray_num_cpus")
+    num_cpus = config_get(global_config, "ray_num_cpus")
     if num_cpus is not None:
         kwargs["num_cpus"] = int(num_cpus)
-    num_gpus = _get(global_config, "ray_num_gpus")
+    num_gpus = config_get(global_config, "ray_num_gpus")
     if num_gpus is not None:
         kwargs["num_gpus"] = int(num_gpus)
     saved = _keep_signal_handlers()
@@ -234,7 +213,7 @@ def start_or_join_ray_for_launch(global_config: Any) -> Optional[RayHandle]:
       into `ray_head_node_address`.
     - otherwise: None, and ray is not even imported.
     """
-    address = _get(global_config, RAY_ADDRESS_KEY)
+    address = config_get(global_config, RAY_ADDRESS_KEY)
     if address:
         return RayHandle(address=str(address), started=False)
     if not server_wants_ray(global_config):
@@ -288,32 +267,28 @@ def initialize_ray(global_config_dict: Any = None) -> Optional[str]:
     starts a local cluster only if this server (its block's `ray: true`) or the global config asks for Ray;
     otherwise ray is not imported at all.
     """
-    with _lock:
-        current = _current_address()
-        if current is not None:
-            return current
-        cfg = _load_global_config(global_config_dict)
-        address = _get(cfg, RAY_ADDRESS_KEY)
-        if address:
-            return _join(str(address))
-        if not _this_server_wants_ray(cfg):
-            return None
-        address = _start_local(cfg, log_to_driver=True)
-        _set_address(cfg, address)
-        return address
+    return _connect(global_config_dict, only_if_wanted=True)
 
 
 def ensure_ray(global_config_dict: Any = None) -> str:
     """For code that needs Ray now, whatever the config says: join the configured address, else start a local
     cluster in this process (and record its address in the config). Returns the GCS address."""
+    return _connect(global_config_dict, only_if_wanted=False)
+
+
+def _connect(global_config_dict: Any, *, only_if_wanted: bool) -> Optional[str]:
+    """The cluster this process is on, else the configured one, else a new local one (recorded in the config).
+    With `only_if_wanted`, no new cluster unless this server or the global config asks for Ray (None then)."""
     with _lock:
         current = _current_address()
         if current is not None:
             return current
         cfg = _load_global_config(global_config_dict)
-        address = _get(cfg, RAY_ADDRESS_KEY)
+        address = config_get(cfg, RAY_ADDRESS_KEY)
         if address:
             return _join(str(address))
+        if only_if_wanted and not _this_server_wants_ray(cfg):
+            return None
         address = _start_local(cfg, log_to_driver=True)
         _set_address(cfg, address)
         return address

@@ -1,4 +1,4 @@
-"""Isolated uv venvs per server, on request (DESIGN 2.4).
+"""Isolated uv venvs per server, only for servers that ask for one.
 
 By default (`venv_mode: shared`) every server runs on the interpreter that runs `ng_run`: no venv, no
 install, fast start. With `venv_mode: isolated` (global key, or the same key in one server's
@@ -33,11 +33,11 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from nemo_gym.config.values import truthy
+from nemo_gym.config.values import config_get, truthy
 from nemo_gym import PARENT_DIR, WORKING_DIR, __version__
 from nemo_gym.errors import NeMoGymConfigError
 
@@ -96,21 +96,9 @@ class VenvResult:
 # ------------------------------------------------------------------------------------------------ config
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    """`cfg.get(key)` for dicts and DictConfigs; a broken interpolation counts as unset."""
-    if cfg is None:
-        return default
-    try:
-        value = cfg.get(key, default)
-    except Exception:
-        return default
-    return default if value is None else value
-
-
-
 def effective_venv_mode(global_config: Mapping | None, server_config: Mapping | None) -> str:
     """Per-server `venv_mode` wins over the global one; default `shared`."""
-    mode = _get(server_config, "venv_mode") or _get(global_config, "venv_mode") or "shared"
+    mode = config_get(server_config, "venv_mode") or config_get(global_config, "venv_mode") or "shared"
     mode = str(mode).strip().lower()
     if mode not in VENV_MODES:
         raise NeMoGymConfigError(f"venv_mode must be one of {', '.join(VENV_MODES)}; got {mode!r}.")
@@ -131,7 +119,7 @@ def default_head_server_deps() -> list[str]:
 
 
 def _head_server_deps(global_config: Mapping | None) -> list[str]:
-    deps = _get(global_config, "head_server_deps")
+    deps = config_get(global_config, "head_server_deps")
     if deps is None:
         return default_head_server_deps()
     if isinstance(deps, str):
@@ -140,7 +128,7 @@ def _head_server_deps(global_config: Mapping | None) -> list[str]:
 
 
 def _python_version(global_config: Mapping | None) -> str:
-    return str(_get(global_config, "python_version") or platform.python_version())
+    return str(config_get(global_config, "python_version") or platform.python_version())
 
 
 def _python_request(version: str) -> str:
@@ -154,11 +142,11 @@ def _python_request(version: str) -> str:
 
 
 def _uv_venv_root(global_config: Mapping | None) -> Path:
-    return Path(str(_get(global_config, "uv_venv_dir") or WORKING_DIR)).expanduser() / VENVS_SUBDIR
+    return Path(str(config_get(global_config, "uv_venv_dir") or WORKING_DIR)).expanduser() / VENVS_SUBDIR
 
 
 def _uv_cache_dir(global_config: Mapping | None) -> Path:
-    return Path(str(_get(global_config, "uv_cache_dir") or (WORKING_DIR / "cache" / "uv"))).expanduser()
+    return Path(str(config_get(global_config, "uv_cache_dir") or (WORKING_DIR / "cache" / "uv"))).expanduser()
 
 
 def find_uv() -> str:
@@ -414,7 +402,7 @@ def _build(
     log: Log,
 ) -> None:
     uv = find_uv()
-    verbose = truthy(_get(global_config, "pip_install_verbose", False))
+    verbose = truthy(config_get(global_config, "pip_install_verbose", False))
     cache_dir = _uv_cache_dir(global_config)
     cache_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -470,9 +458,9 @@ def ensure_server_venv(
 
     started = time.monotonic()
     reqs = read_server_requirements(server_dir)
-    install_framework = truthy(_get(global_config, "venv_install_framework", True))
-    if server_config is not None and _get(server_config, "venv_install_framework") is not None:
-        install_framework = truthy(_get(server_config, "venv_install_framework"))
+    install_framework = truthy(config_get(global_config, "venv_install_framework", True))
+    if server_config is not None and config_get(server_config, "venv_install_framework") is not None:
+        install_framework = truthy(config_get(server_config, "venv_install_framework"))
     head_deps = _head_server_deps(global_config) if install_framework else []
     python_version = _python_version(global_config)
     digest = venv_hash(
@@ -486,7 +474,7 @@ def ensure_server_venv(
         log(f"reusing venv {path}{note}")
         return VenvResult(server, mode, str(_venv_python(path)), path, "reused", time.monotonic() - started)
 
-    if truthy(_get(global_config, "skip_venv_if_present", False)):
+    if truthy(config_get(global_config, "skip_venv_if_present", False)):
         if is_ready(venv_dir):
             return reused(venv_dir)
         other = _latest_ready_venv(root, prefix)

@@ -53,11 +53,7 @@ class SimpleResponsesAPIAgent(BaseResponsesAPIAgent, SimpleServer):
     """An agent as a FastAPI app with `/v1/responses` and `/run`."""
 
     def setup_webserver(self) -> FastAPI:
-        app = FastAPI()
-        self.setup_session_middleware(app)
-        app.post("/v1/responses")(self.responses)
-        app.post("/run")(self.run)
-        return app
+        return self._app_with_post_routes({"/v1/responses": self.responses, "/run": self.run})
 
     @abstractmethod
     async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> NeMoGymResponse:

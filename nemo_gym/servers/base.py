@@ -1,7 +1,7 @@
 """Server base classes: `BaseServer` / `SimpleServer` (FastAPI app, sessions, errors, health, running).
 
-Public names keep the NeMo Gym v0.2 import path (`nemo_gym.servers.base`): `SESSION_ID_KEY`, `BaseServer`,
-`SimpleServer`, and the re-exported client helpers `ServerClient`, `raise_for_status`, `get_response_json`
+Environment code imports these names from the NeMo Gym v0.2 path `nemo_gym.server_utils`, which re-exports
+this module: `SESSION_ID_KEY`, `BaseServer`, `SimpleServer`, and the client helpers `ServerClient`, `raise_for_status`, `get_response_json`
 (plus `NeMoGymHTTPError`, `BaseServerConfig`, `BaseRunServerInstanceConfig`).
 
 How a server subclass is written (unchanged from the reference)::
@@ -19,8 +19,8 @@ How a server subclass is written (unchanged from the reference)::
 
 `run_webserver()` then adds everything else through `prepare_app(app)`: `GET /health`, request-validation
 logging, and the outermost exception middleware. Per request the stack is exactly two pure-ASGI layers of
-ours (errors outside, sessions inside) around FastAPI's router: the reference's CPU went to stacked
-`BaseHTTPMiddleware` layers and cookie handling (DESIGN.md section 3).
+ours (errors outside, sessions inside) around FastAPI's router, because stacked `BaseHTTPMiddleware` layers
+and cookie handling were where the reference spent its CPU per request.
 
 Errors (outermost middleware):
 
@@ -47,7 +47,7 @@ import threading
 import traceback
 from abc import abstractmethod
 from contextlib import contextmanager
-from typing import Any, ClassVar, Iterator, Optional
+from typing import Any, Callable, ClassVar, Iterator, Optional
 
 import orjson
 from fastapi import FastAPI, Request
@@ -451,6 +451,15 @@ class SimpleServer(BaseServer):
     @abstractmethod
     def setup_webserver(self) -> FastAPI:
         """Build the app: `FastAPI()`, `self.setup_session_middleware(app)`, then the routes."""
+
+    def _app_with_post_routes(self, routes: dict[str, Callable[..., Any]]) -> FastAPI:
+        """`FastAPI()` with the session middleware and `POST` routes (path -> handler): the base routes of the
+        resources, model and agent servers, built the same way."""
+        app = FastAPI()
+        self.setup_session_middleware(app)
+        for path, handler in routes.items():
+            app.post(path)(handler)
+        return app
 
     # -- sessions ------------------------------------------------------------------------------------------
 

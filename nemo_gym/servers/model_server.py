@@ -35,11 +35,9 @@ class SimpleResponsesAPIModel(BaseResponsesAPIModel, SimpleServer):
     """A model server as a FastAPI app with `/v1/chat/completions` and `/v1/responses`."""
 
     def setup_webserver(self) -> FastAPI:
-        app = FastAPI()
-        self.setup_session_middleware(app)
-        app.post("/v1/chat/completions")(self.chat_completions)
-        app.post("/v1/responses")(self.responses)
-        return app
+        return self._app_with_post_routes(
+            {"/v1/chat/completions": self.chat_completions, "/v1/responses": self.responses}
+        )
 
     @abstractmethod
     async def chat_completions(

@@ -81,11 +81,7 @@ class SimpleResourcesServer(BaseResourcesServer, SimpleServer):
     """A resources server as a FastAPI app: `/seed_session`, `/verify`, and the subclass's tool routes."""
 
     def setup_webserver(self) -> FastAPI:
-        app = FastAPI()
-        self.setup_session_middleware(app)
-        app.post("/seed_session")(self.seed_session)
-        app.post("/verify")(self.verify)
-        return app
+        return self._app_with_post_routes({"/seed_session": self.seed_session, "/verify": self.verify})
 
     async def seed_session(self, body: BaseSeedSessionRequest) -> BaseSeedSessionResponse:
         """Prepare per-rollout state before the first tool call. The default keeps nothing."""

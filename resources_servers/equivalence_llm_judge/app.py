@@ -17,8 +17,9 @@ Options, all in the server config:
 Nothing the judge does fails the rollout: a judge error (HTTP failure, unreadable response) scores 0 with
 `judge_error` set, and a reply with neither label counts as "not equal" (`failure_reason: no_verdict`).
 
-What it teaches: calling another server of the stack from a verifier by its server id, bounding the calls with a
-semaphore, and recording every judge call (`judge_evaluations`) next to the reward so a score can be audited.
+What it teaches: calling another server of the stack from a verifier by its server id (the call itself is
+`nemo_gym/verifiers/llm_judge.py`, shared with math_with_judge), bounding the calls with a semaphore, and recording
+every judge call (`judge_evaluations`) next to the reward so a score can be audited.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr
 
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
@@ -39,12 +40,9 @@ from nemo_gym.base_resources_server import (
     SimpleResourcesServer,
 )
 from nemo_gym.config_types import ModelServerRef
-from nemo_gym.openai_utils import (
-    NeMoGymEasyInputMessage,
-    NeMoGymResponse,
-    NeMoGymResponseCreateParamsNonStreaming,
-)
-from nemo_gym.server_utils import get_response_json, raise_for_status
+from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.verifiers.llm_judge import JudgeEvaluation, ask_judge
+from nemo_gym.verifiers.llm_judge import verdict_label as verdict_of  # this server's name for the verdict reader
 
 SERVER_DIR = Path(__file__).resolve().parent
 
@@ -129,14 +127,6 @@ class LLMJudgeVerifyRequest(LLMJudgeRunRequest, BaseVerifyRequest):
     pass
 
 
-class JudgeEvaluation(BaseModel):
-    """One judge call: what was sent, what came back, and the label read from it (None: neither label)."""
-
-    responses_create_params: NeMoGymResponseCreateParamsNonStreaming
-    response: NeMoGymResponse
-    verdict_label: Optional[str] = None
-
-
 class LLMJudgeVerifyResponse(LLMJudgeVerifyRequest, BaseVerifyResponse):
     expected_answer: str
     extracted_answer: Optional[str] = None  # what the first judge call compared with the expected answer
@@ -202,24 +192,6 @@ def last_user_text(params: NeMoGymResponseCreateParamsNonStreaming) -> str:
         if getattr(item, "role", None) == "user":
             return _content_text(item.content).strip()
     return ""
-
-
-def verdict_of(response: NeMoGymResponse, equal_label: str, not_equal_label: str) -> Optional[str]:
-    """The label that appears first in the last text part of the judge's last output item; None when neither
-    appears or the last item is not a message (e.g. the judge ran out of tokens while reasoning)."""
-    if not response.output:
-        return None
-    last = response.output[-1]
-    if getattr(last, "type", None) != "message":
-        return None
-    content = last.content
-    if isinstance(content, str):
-        text = content
-    else:
-        parts = [_content_text([part]) for part in content]
-        text = parts[-1] if parts else ""
-    found = [(text.find(label), label) for label in (equal_label, not_equal_label) if label in text]
-    return min(found)[1] if found else None
 
 
 # ------------------------------------------------------------------------------------------------------ server
@@ -337,21 +309,16 @@ class LLMJudgeResourcesServer(SimpleResourcesServer):
             equal_label=cfg.judge_equal_label,
             not_equal_label=cfg.judge_not_equal_label,
         )
-        messages = []
-        if cfg.judge_system_message:
-            messages.append(NeMoGymEasyInputMessage(role="system", content=cfg.judge_system_message))
-        messages.append(NeMoGymEasyInputMessage(role="user", content=prompt))
-        params = cfg.judge_responses_create_params.model_copy(deep=True, update={"input": messages})
-
-        if self._semaphore is not None:
-            async with self._semaphore:
-                sent = await self.server_client.post(cfg.judge_model_server.name, "/v1/responses", json=params)
-        else:
-            sent = await self.server_client.post(cfg.judge_model_server.name, "/v1/responses", json=params)
-        await raise_for_status(sent)
-        response = NeMoGymResponse.model_validate(await get_response_json(sent))
-        label = verdict_of(response, cfg.judge_equal_label, cfg.judge_not_equal_label)
-        return JudgeEvaluation(responses_create_params=params, response=response, verdict_label=label)
+        return await ask_judge(
+            self.server_client,
+            cfg.judge_model_server.name,
+            cfg.judge_responses_create_params,
+            prompt,
+            system_message=cfg.judge_system_message,
+            equal_label=cfg.judge_equal_label,
+            not_equal_label=cfg.judge_not_equal_label,
+            semaphore=self._semaphore,
+        )
 
 
 if __name__ == "__main__":

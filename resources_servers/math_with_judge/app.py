@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from fastapi import FastAPI
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import Field, PrivateAttr
 
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
@@ -31,13 +31,10 @@ from nemo_gym.base_resources_server import (
     SimpleResourcesServer,
 )
 from nemo_gym.config_types import ModelServerRef
-from nemo_gym.openai_utils import (
-    NeMoGymEasyInputMessage,
-    NeMoGymResponse,
-    NeMoGymResponseCreateParamsNonStreaming,
-)
-from nemo_gym.server_utils import get_response_json, raise_for_status
+from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.isolation.worker_pool import WorkerPool, WorkerTimeout
+from nemo_gym.verifiers import llm_judge
+from nemo_gym.verifiers.llm_judge import JudgeEvaluation
 
 from resources_servers.math_with_judge.grading import grade_with_math_verify
 
@@ -103,14 +100,6 @@ class MathWithJudgeVerifyRequest(MathWithJudgeRunRequest, BaseVerifyRequest):
     pass
 
 
-class JudgeEvaluation(BaseModel):
-    """One judge call: what was sent and what came back."""
-
-    responses_create_params: NeMoGymResponseCreateParamsNonStreaming
-    response: NeMoGymResponse
-    verdict_label: Optional[str] = None  # EQUAL_LABEL, NOT_EQUAL_LABEL or None (the judge gave neither)
-
-
 class MathWithJudgeVerifyResponse(MathWithJudgeVerifyRequest, BaseVerifyResponse):
     extracted_answer: Optional[str]  # math-verify's reading of the model's answer, None if it found none
     library_reward: float
@@ -133,26 +122,8 @@ def generated_text(response: NeMoGymResponse) -> str:
 
 
 def judge_verdict(response: NeMoGymResponse) -> Optional[str]:
-    """The label that appears first in the text of the judge's last output item, or None (no label, or the last
-    item is not a message)."""
-    if not response.output:
-        return None
-    last = response.output[-1]
-    if getattr(last, "type", None) != "message":
-        return None
-    content = last.content
-    if isinstance(content, str):
-        text = content
-    else:
-        texts = [
-            part.get("text", "") if isinstance(part, dict) else part.text
-            for part in content
-            if (part.get("type") if isinstance(part, dict) else part.type) == "output_text"
-        ]
-        text = texts[-1] if texts else ""
-    positions = {label: text.find(label) for label in (EQUAL_LABEL, NOT_EQUAL_LABEL)}
-    found = [(pos, label) for label, pos in positions.items() if pos >= 0]
-    return min(found)[1] if found else None
+    """EQUAL_LABEL, NOT_EQUAL_LABEL or None, read as `nemo_gym.verifiers.llm_judge.verdict_label` does."""
+    return llm_judge.verdict_label(response, EQUAL_LABEL, NOT_EQUAL_LABEL)
 
 
 class MathWithJudgeResourcesServer(SimpleResourcesServer):
@@ -223,16 +194,15 @@ class MathWithJudgeResourcesServer(SimpleResourcesServer):
         prompt = self.config.judge_prompt_template.format(
             question=question, first_answer=first_answer, second_answer=second_answer
         )
-        messages = []
-        if self.config.judge_system_message:
-            messages.append(NeMoGymEasyInputMessage(role="system", content=self.config.judge_system_message))
-        messages.append(NeMoGymEasyInputMessage(role="user", content=prompt))
-        params = self.config.judge_responses_create_params.model_copy(deep=True, update={"input": messages})
-
-        sent = await self.server_client.post(self.config.judge_model_server.name, "/v1/responses", json=params)
-        await raise_for_status(sent)
-        response = NeMoGymResponse.model_validate(await get_response_json(sent))
-        return JudgeEvaluation(responses_create_params=params, response=response, verdict_label=judge_verdict(response))
+        return await llm_judge.ask_judge(
+            self.server_client,
+            self.config.judge_model_server.name,
+            self.config.judge_responses_create_params,
+            prompt,
+            system_message=self.config.judge_system_message,
+            equal_label=EQUAL_LABEL,
+            not_equal_label=NOT_EQUAL_LABEL,
+        )
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from nemo_gym.base_resources_server import (
     BaseVerifyResponse,
     SimpleResourcesServer,
 )
+from nemo_gym.verifiers import latex_answers
 
 
 class MCQAResourcesServerConfig(BaseResourcesServerConfig):
@@ -84,30 +85,13 @@ def option_items(options: Optional[list[dict[str, Optional[str]]]]) -> list[tupl
     return items
 
 
-def matching_brace(text: str, open_pos: int) -> Optional[int]:
-    """The index of the `}` that closes the `{` at `open_pos`, or None if it is never closed."""
-    depth = 0
-    for pos in range(open_pos, len(text)):
-        if text[pos] == "{":
-            depth += 1
-        elif text[pos] == "}":
-            depth -= 1
-            if depth == 0:
-                return pos
-    return None
-
-
 def boxed_contents(text: str) -> Iterator[str]:
     """The contents of every `\\boxed{...}`, in order, with nested braces balanced (`\\boxed{\\text{B}}` ->
     `\\text{B}`). Reading stops at a box that is never closed."""
-    start = 0
-    while (found := text.find("\\boxed{", start)) != -1:
-        open_pos = found + len("\\boxed")
-        close_pos = matching_brace(text, open_pos)
-        if close_pos is None:
+    for content in latex_answers.boxed_contents(text):
+        if content is None:
             return
-        yield text[open_pos + 1 : close_pos]
-        start = close_pos + 1
+        yield content
 
 
 def strip_text_wrappers(text: str) -> str:
@@ -115,13 +99,7 @@ def strip_text_wrappers(text: str) -> str:
 
     Works on indices with the brace pairs found in one pass, so even thousands of nested wrappers (degenerate
     model output) take linear time."""
-    closing: dict[int, int] = {}  # index of "{" -> index of its "}"
-    open_braces: list[int] = []
-    for pos, char in enumerate(text):
-        if char == "{":
-            open_braces.append(pos)
-        elif char == "}" and open_braces:
-            closing[open_braces.pop()] = pos
+    closing = latex_answers.brace_pairs(text)
     start, end = 0, len(text)
     while True:
         while start < end and text[start].isspace():

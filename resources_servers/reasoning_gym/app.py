@@ -33,6 +33,7 @@ from nemo_gym.base_resources_server import (
     SimpleResourcesServer,
 )
 from nemo_gym.isolation.worker_pool import WorkerPool
+from nemo_gym.verifiers.latex_answers import boxed_contents
 from resources_servers.reasoning_gym.scoring import SCORING_PRELOAD, score_answer
 
 LOG = logging.getLogger(__name__)
@@ -96,20 +97,7 @@ def answer_tag_content(text: str) -> Optional[str]:
 def first_boxed_content(text: str) -> Optional[str]:
     """The content of the first `\\boxed{...}` that is closed, braces balanced (`\\boxed{\\frac{1}{2}}` ->
     `\\frac{1}{2}`), stripped. None when there is none. One pass over the text, however many boxes are unclosed."""
-    closing: dict[int, int] = {}  # index of "{" -> index of the "}" that closes it
-    open_braces: list[int] = []
-    for pos, char in enumerate(text):
-        if char == "{":
-            open_braces.append(pos)
-        elif char == "}" and open_braces:
-            closing[open_braces.pop()] = pos
-    start = 0
-    while (found := text.find("\\boxed{", start)) != -1:
-        open_pos = found + len("\\boxed")
-        if open_pos in closing:
-            return text[open_pos + 1 : closing[open_pos]].strip()
-        start = open_pos
-    return None
+    return next((content.strip() for content in boxed_contents(text) if content is not None), None)
 
 
 def extract_final_answer(text: str) -> str:

@@ -1,0 +1,1 @@
+"""Building blocks that several environments' verifiers share: an LLM judge, LaTeX answer extraction."""
