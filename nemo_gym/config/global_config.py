@@ -37,7 +37,7 @@ from nemo_gym.config.types import (
     is_server_ref,
     validate_server_config,
 )
-from nemo_gym.errors import NeMoGymConfigError, did_you_mean
+from nemo_gym.errors import NeMoGymConfigError, closest_match, did_you_mean
 from nemo_gym.config.overrides import Override, apply_overrides, parse_overrides
 from nemo_gym.config import ports as _ports
 from nemo_gym.config.values import truthy
@@ -238,21 +238,49 @@ def _mask(obj: Any) -> Any:
 # --------------------------------------------------------------------------------------------------
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """The same key twice in one YAML mapping: PyYAML keeps the last silently, so a server block defined twice
+    in one file would lose the first without a word."""
+
+    def __init__(self, key: Any, first_line: int, second_line: int):
+        super().__init__(f"duplicate key `{key}` (line {first_line} and line {second_line})")
+        self.key, self.first_line, self.second_line = key, first_line, second_line
+
+
+@functools.lru_cache(maxsize=1)
 def _yaml_loader():
-    # OmegaConf's own loader (YAML 1.2-style floats such as `1e-3`, duplicate-key errors), so files
-    # read the same as with OmegaConf.load; falls back to PyYAML's safe loader.
+    """OmegaConf's own loader (YAML 1.2-style floats such as `1e-3`), so files read the same as with
+    OmegaConf.load, refusing duplicate keys in any mapping; PyYAML's safe loader if that private API moved."""
     try:
         from omegaconf._utils import get_yaml_loader
 
-        return get_yaml_loader()
+        base = get_yaml_loader()
     except Exception:  # pragma: no cover - private API moved
-        return yaml.SafeLoader
+        base = yaml.SafeLoader
+
+    class Loader(base):  # type: ignore[misc, valid-type]
+        def construct_mapping(self, node, deep=False):
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if isinstance(key, (str, int, float, bool)) and key in first_line:
+                    raise DuplicateKeyError(key, first_line[key], line)
+                first_line.setdefault(key, line)
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
 
 
 def _parse_yaml_text(text: str, source: str) -> dict:
     """Parse YAML text into a dict; syntax errors name the source, line and column."""
     try:
         data = yaml.load(text, Loader=_yaml_loader())
+    except DuplicateKeyError as err:
+        raise NeMoGymConfigError(
+            f"{source}: the key `{err.key}` is defined twice in one mapping (line {err.first_line} and line "
+            f"{err.second_line}); YAML would keep only the second. Rename one of them or merge the two."
+        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -444,6 +472,45 @@ def _looks_like_server_block(value: Any) -> bool:
                 if isinstance(impl_cfg, Mapping) and ENTRYPOINT_KEY_NAME in impl_cfg:
                     return True
     return False
+
+
+def _warn_blocks_defined_twice(file_cfgs: list[tuple[Path, DictConfig]]) -> None:
+    """Warn, naming both files, when two config files define the same top-level server block: the later one is
+    merged over the earlier, which is what an override file wants and a copy-paste slip does not."""
+    first_file: dict[str, Path] = {}
+    for path, file_cfg in file_cfgs:
+        for key in file_cfg.keys():
+            if _is_reserved(key) or not _has_server_type_key(file_cfg.get(key)):
+                continue
+            if str(key) in first_file:
+                sys.stderr.write(
+                    f"warning: server block `{key}` is defined in {first_file[key]} and again in {path}; the "
+                    f"second is merged over the first.\n"
+                )
+            else:
+                first_file[str(key)] = path
+
+
+def _has_server_type_key(value: Any) -> bool:
+    return isinstance(value, (Mapping, DictConfig)) and any(t in value for t in SERVER_TYPES)
+
+
+def _check_server_kinds(data: Mapping) -> None:
+    """A top-level block keyed by a misspelled server kind (`resources_serverz:`) would start nothing and say
+    nothing: refuse it with the kind it most likely meant."""
+    problems = []
+    for name, value in data.items():
+        if _is_reserved(name) or not isinstance(value, Mapping) or _has_server_type_key(value):
+            continue
+        for kind, impls in value.items():
+            close = closest_match(str(kind), SERVER_TYPES, cutoff=0.75)
+            if close and isinstance(impls, Mapping):
+                problems.append(f"`{name}.{kind}`: unknown server kind. Did you mean `{close}`?")
+    if problems:
+        raise NeMoGymConfigError(
+            "\n".join(problems) + f"\nServer kinds are {', '.join(f'`{t}`' for t in SERVER_TYPES)}: a server block "
+            "is `<server id>: {<server kind>: {<implementation>: {entrypoint: app.py, ...}}}`."
+        )
 
 
 def _missing_paths(node: Any, where: str) -> list[str]:
@@ -737,6 +804,8 @@ def parse_global_config(
                 raise NeMoGymConfigError(f"In {path}: {_explain_resolution_error(err, CONFIG_PATHS_KEY_NAME)}") from None
             queue.extend((p, f"config_paths in {path}") for p in _as_path_list(nested, str(path)))
 
+    _warn_blocks_defined_twice(file_cfgs)
+
     # Merge: files (later win) < env.yaml < initial dict < CLI (applied in order, with deletions).
     merged = OmegaConf.create({})
     for path, file_cfg in file_cfgs:
@@ -785,6 +854,7 @@ def _validate_and_allocate(data: dict, *, allocate_ports: bool) -> DictConfig:
             f"Bad interpolation at `{getattr(err, 'full_key', '?')}`: {_first_line(err)}"
         ) from None
 
+    _check_server_kinds(data)
     candidates = [k for k, v in data.items() if not _is_reserved(k) and _looks_like_server_block(v)]
     for sid in candidates:
         missing = _missing_paths(data[sid], str(sid))

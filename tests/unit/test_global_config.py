@@ -726,3 +726,56 @@ def test_ref_to_a_non_server_block():
     args = stack() + ["~my_res.resources_servers.mcqa.entrypoint"]
     with pytest.raises(NeMoGymConfigError, match=r"but `my_res` is not a server block"):
         parse_global_config(args, allocate_ports=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# Config mistakes that would otherwise start the wrong stack silently
+# --------------------------------------------------------------------------------------------------
+
+
+def test_same_server_block_twice_in_one_file_names_both_lines():
+    write("twice.yaml", RESOURCES + RESOURCES.replace("knowledge", "math"))
+    with pytest.raises(NeMoGymConfigError) as info:
+        parse_global_config(["+config_paths=[twice.yaml]"], allocate_ports=False)
+    message = str(info.value)
+    assert "twice.yaml" in message and "`my_res` is defined twice" in message
+    assert "line 2 and line 8" in message
+
+
+def test_duplicate_key_inside_a_block_is_refused_too():
+    write("inner.yaml", RESOURCES + "      domain: math\n")
+    with pytest.raises(NeMoGymConfigError, match=r"`domain` is defined twice in one mapping \(line 6 and line 7\)"):
+        parse_global_config(["+config_paths=[inner.yaml]"], allocate_ports=False)
+
+
+def test_same_server_block_in_two_files_warns_naming_both(capsys):
+    write("a.yaml", RESOURCES)
+    write("b.yaml", RESOURCES.replace("knowledge", "math"))
+    cfg = parse_global_config(["+config_paths=[a.yaml,b.yaml]"], allocate_ports=False)
+    err = capsys.readouterr().err
+    assert "warning: server block `my_res` is defined in" in err
+    assert "a.yaml and again in" in err and "b.yaml" in err
+    assert cfg.my_res.resources_servers.mcqa.domain == "math"  # later files still win
+
+
+def test_one_file_per_block_gives_no_warning(capsys):
+    write("a.yaml", RESOURCES)
+    write("b.yaml", MODEL)
+    parse_global_config(["+config_paths=[a.yaml,b.yaml]"], allocate_ports=False)
+    assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("typo", "meant"), [("resources_serverz", "resources_servers"),
+                                             ("responses_api_agent", "responses_api_agents"),
+                                             ("response_api_models", "responses_api_models")])
+def test_misspelled_server_kind_is_refused_with_a_suggestion(typo, meant):
+    write("kind.yaml", RESOURCES.replace("resources_servers", typo))
+    with pytest.raises(NeMoGymConfigError) as info:
+        parse_global_config(["+config_paths=[kind.yaml]"], allocate_ports=False)
+    assert f"`my_res.{typo}`: unknown server kind. Did you mean `{meant}`?" in str(info.value)
+
+
+def test_a_user_key_holding_a_dict_is_not_taken_for_a_server_kind():
+    write("user.yaml", RESOURCES + "judge_settings:\n  temperature: 0.0\n  prompts: {a: b}\n")
+    cfg = parse_global_config(["+config_paths=[user.yaml]"], allocate_ports=False)
+    assert cfg.judge_settings.prompts.a == "b"
