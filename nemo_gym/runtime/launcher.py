@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nemo_gym import PARENT_DIR
 from nemo_gym.config.types import ServerInstanceSpec
-from nemo_gym.errors import NeMoGymConfigError
+from nemo_gym.errors import NeMoGymConfigError, did_you_mean
 from nemo_gym.runtime.venvs import VenvBuildError
 
 TAIL_LINES = 40
@@ -97,9 +97,10 @@ def resolve_server_dir(spec: ServerInstanceSpec, cwd: Path) -> Path:
         if candidate.is_dir():
             return candidate
     looked = ", ".join(str(c) for c in dict.fromkeys(candidates))
+    existing = {d.name for c in candidates if c.parent.is_dir() for d in c.parent.iterdir() if d.is_dir()}
     raise NeMoGymConfigError(
-        f"Server '{spec.server_id}': no folder for implementation '{spec.impl}' of {spec.server_type}. "
-        f"Looked in: {looked}. Check the implementation name under `{spec.server_id}.{spec.server_type}` "
+        f"Server '{spec.server_id}': no folder for implementation '{spec.impl}' of {spec.server_type}."
+        f"{did_you_mean(spec.impl, sorted(existing))} Looked in: {looked}. Check the implementation name under `{spec.server_id}.{spec.server_type}` "
         f"or create the folder (ng_init_resources_server scaffolds one)."
     )
 

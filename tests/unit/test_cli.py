@@ -335,6 +335,21 @@ def test_ng_run_without_servers_fails_at_once(tmp_path):
     assert "servers ready" not in result.stdout
 
 
+def test_ng_run_with_a_misspelled_kind_or_implementation_fails_with_a_suggestion(tmp_path):
+    from tests.conftest import free_port
+
+    block = "my_env:\n  {kind}:\n    {impl}:\n      entrypoint: app.py\n      domain: knowledge\n"
+    (tmp_path / "kind.yaml").write_text(block.format(kind="resources_serverz", impl="mcqa"))
+    result = run_script("ng_run", "+config_paths=[kind.yaml]", f"+head_server.port={free_port()}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "`my_env.resources_serverz`: unknown server kind. Did you mean `resources_servers`?" in result.stderr
+    (tmp_path / "impl.yaml").write_text(block.format(kind="resources_servers", impl="mcqaa"))
+    result = run_script("ng_run", "+config_paths=[impl.yaml]", f"+head_server.port={free_port()}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "no folder for implementation 'mcqaa' of resources_servers. Did you mean `mcqa`?" in result.stderr
+    assert "servers ready" not in result.stdout and "Traceback" not in result.stderr
+
+
 def test_ng_run_with_an_unset_interpolation_fails_before_starting_anything():
     from tests.conftest import FIXTURE_STACK, free_port
 
