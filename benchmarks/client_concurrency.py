@@ -8,8 +8,8 @@ Starts a local uvicorn server (subprocess, uvloop + httptools) on 127.0.0.1 whos
 Transports:
   default      httpx.AsyncHTTPTransport() - httpcore pool, 100 connections, waiting queue rescanned per request
   sized        httpx.AsyncHTTPTransport(limits=Limits(max_connections=LIMIT, max_keepalive=LIMIT_PER_HOST))
-  aiohttp      httpx_aiohttp transport over aiohttp.TCPConnector(limit=LIMIT, limit_per_host=LIMIT_PER_HOST)
-               (the nemo_gym default)
+  aiohttp      ServerClient's default: aiohttp's ClientSession directly, over
+               aiohttp.TCPConnector(limit=LIMIT, limit_per_host=LIMIT_PER_HOST) (the nemo_gym default)
   aiohttp_raw  plain aiohttp.ClientSession, no httpx (a floor for the client's own overhead; optional)
 
 Each transport runs in its own client process (and against a fresh server), so a stalled run can be aborted
@@ -144,7 +144,7 @@ async def client_run(transport_name: str, port: int, n: int, concurrency: int, t
                      limit: int, limit_per_host: int, gc_threshold: str = "") -> dict:
     import httpx
 
-    from nemo_gym.http.client import ServerClient, build_transport
+    from nemo_gym.http.client import ServerClient, build_transport, close_global_client
 
     raw_session = None
     if transport_name == "default":
@@ -152,7 +152,7 @@ async def client_run(transport_name: str, port: int, n: int, concurrency: int, t
     elif transport_name == "sized":
         transport = build_transport("httpx", limit, limit_per_host)
     elif transport_name == "aiohttp":
-        transport = build_transport("aiohttp", limit, limit_per_host)
+        transport = None  # ServerClient's own default: aiohttp directly, the shared session of this loop
     elif transport_name == "aiohttp_raw":
         import aiohttp
 
@@ -165,9 +165,14 @@ async def client_run(transport_name: str, port: int, n: int, concurrency: int, t
     else:
         raise SystemExit(f"unknown transport {transport_name}")
 
-    cfg = {"bench_server": {"resources_servers": {"bench": {"host": "127.0.0.1", "port": port}}}}
+    cfg = {
+        "bench_server": {"resources_servers": {"bench": {"host": "127.0.0.1", "port": port}}},
+        "global_aiohttp_connector_limit": limit,
+        "global_aiohttp_connector_limit_per_host": limit_per_host,
+        "http_client_transport": "aiohttp",
+    }
     # max_attempts=1: count failures instead of hiding them behind retries.
-    client = ServerClient(global_config_dict=cfg, transport=transport, max_attempts=1) if transport else None
+    client = None if raw_session is not None else ServerClient(global_config_dict=cfg, transport=transport, max_attempts=1)
     url = f"http://127.0.0.1:{port}/echo"
     payload = {"input": [{"role": "user", "content": "hello"}], "temperature": 0.0}
 
@@ -179,8 +184,8 @@ async def client_run(transport_name: str, port: int, n: int, concurrency: int, t
         try:
             if client is not None:
                 response = await client.post("bench_server", "/echo", json=payload)
-                status = response.status_code
-                response.json()
+                status = response.status
+                await response.json()
             else:
                 import orjson
 
@@ -246,6 +251,8 @@ async def client_run(transport_name: str, port: int, n: int, concurrency: int, t
         os._exit(0)
     if transport is not None:
         await transport.aclose()
+    elif client is not None:
+        await close_global_client()
     if raw_session is not None:
         await raw_session.close()
     return result

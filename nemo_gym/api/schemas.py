@@ -20,6 +20,10 @@ Performance notes (the reference spent most of its CPU re-validating whole respo
   trying every union member.
 * Item lists serialize "as any": every item dumps with its own runtime class, so subclasses (training variants,
   environment-specific item subclasses) keep all their fields without a second discriminator pass.
+* OpenAI SDK objects are accepted where v0.2's SDK-based models took them (items, tools, usage, a whole
+  ``Response``): models read them with ``from_attributes``, which costs nothing for dict input, and the few
+  plain-dict fields of a response (``reasoning``, ``text``, ``prompt``, ``error``, a dict ``tool_choice``) and
+  the request's ``tools`` list pass through one small function that turns an SDK object into its dict.
 * Prefer ``Model.model_validate(dict)`` on parsed JSON. Passing already-validated model instances into another
   model does not re-validate them (pydantic's ``revalidate_instances="never"``), so build responses from
   instances or dicts, never from ``model_dump()`` of something you just validated. Nothing here deep-copies.
@@ -31,7 +35,8 @@ is accepted on input but never dumped (OpenAI rejects it when the item is sent b
 
 from typing import Any, Literal, Mapping, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, SerializeAsAny, Tag, with_config
+from openai.types.responses.response_reasoning_item import Summary as _SDKSummary
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, SerializeAsAny, Tag, with_config
 from typing_extensions import Annotated, Required, TypedDict
 
 __all__ = [
@@ -104,6 +109,25 @@ __all__ = [
 
 def _is_none(value: Any) -> bool:
     return value is None
+
+
+def _sdk_to_dict(value: Any) -> Any:
+    """An OpenAI SDK object (any pydantic model) as the plain dict it stands for; anything else unchanged."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return value
+
+
+def _sdk_list_to_dicts(value: Any) -> Any:
+    """A list whose items may be SDK objects, for fields modelled as plain dicts (one check per list)."""
+    if isinstance(value, list) and any(isinstance(item, BaseModel) for item in value):
+        return [_sdk_to_dict(item) for item in value]
+    return value
+
+
+# A JSON object kept as a plain dict; an OpenAI SDK object given instead (``Reasoning``, ``ResponseTextConfig``,
+# ``ToolChoiceFunction``, ...) is accepted and stored as its dict, as v0.2's SDK-based models accepted them.
+_SDKDict = Annotated[dict[str, Any], BeforeValidator(_sdk_to_dict)]
 
 
 def _type_union(
@@ -285,7 +309,10 @@ class NeMoGymFunctionCallOutput(BaseModel):
     status: Optional[_ItemStatus] = None
 
 
-class NeMoGymSummary(BaseModel):
+class NeMoGymSummary(_SDKSummary):
+    """One reasoning summary part: the OpenAI SDK's ``Summary`` (as in v0.2), so SDK summaries are instances of the
+    same type. ``type`` may be left out here (it can only be ``summary_text``)."""
+
     model_config = _ITEM_CONFIG
 
     text: str
@@ -441,6 +468,8 @@ class NeMoGymFunctionToolParam(TypedDict, total=False):
 
 # Function tools are checked; hosted tools (web_search, mcp, ...) pass through as dicts.
 NeMoGymToolParam = _type_union({"function": NeMoGymFunctionToolParam}, fallback=dict[str, Any], what="tool")
+# SDK tool objects (``FunctionTool``, ``WebSearchTool``, ...) in a request become the dicts they stand for.
+_ToolParamList = Annotated[list[NeMoGymToolParam], BeforeValidator(_sdk_list_to_dicts)]
 
 
 class NeMoGymResponseCreateParamsNonStreaming(BaseModel):
@@ -469,7 +498,7 @@ class NeMoGymResponseCreateParamsNonStreaming(BaseModel):
     temperature: Optional[float] = None
     text: Optional[dict[str, Any]] = None
     tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any]] = "auto"
-    tools: list[NeMoGymToolParam] = Field(default_factory=list)
+    tools: _ToolParamList = Field(default_factory=list)
     top_logprobs: Optional[int] = None
     top_p: Optional[float] = None
     truncation: Optional[Literal["auto", "disabled"]] = None
@@ -484,9 +513,10 @@ class NeMoGymResponseCreateParamsNonStreaming(BaseModel):
 
 
 class NeMoGymFunctionTool(BaseModel):
-    """A function tool as echoed in a Response's ``tools``."""
+    """A function tool as echoed in a Response's ``tools`` (the SDK's ``FunctionTool`` validates from its
+    attributes)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", from_attributes=True)
 
     name: str
     type: Literal["function"] = "function"
@@ -495,29 +525,34 @@ class NeMoGymFunctionTool(BaseModel):
     strict: Optional[bool] = None
 
 
-NeMoGymResponseTool = _type_union({"function": NeMoGymFunctionTool}, fallback=dict[str, Any], what="tool")
+NeMoGymResponseTool = _type_union({"function": NeMoGymFunctionTool}, fallback=_SDKDict, what="tool")
+
+
+# Response-side models also validate from the SDK's objects (``ResponseUsage``, ``IncompleteDetails``, a whole
+# ``openai.types.responses.Response``) by reading their attributes; dicts take the usual fast path.
+_SDK_CONFIG = ConfigDict(extra="allow", from_attributes=True)
 
 
 class NeMoGymIncompleteDetails(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _SDK_CONFIG
 
     reason: Optional[str] = None
 
 
 class NeMoGymResponseInputTokensDetails(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _SDK_CONFIG
 
     cached_tokens: int = 0
 
 
 class NeMoGymResponseOutputTokensDetails(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _SDK_CONFIG
 
     reasoning_tokens: int = 0
 
 
 class NeMoGymResponseUsage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _SDK_CONFIG
 
     input_tokens: int
     input_tokens_details: NeMoGymResponseInputTokensDetails = Field(
@@ -533,10 +568,12 @@ class NeMoGymResponseUsage(BaseModel):
 class NeMoGymResponse(BaseModel):
     """A Responses API response whose ``output`` holds the Gym item union.
 
-    Fields the upstream sends that are not declared here are kept (``extra="allow"``) and dumped back.
+    Fields the upstream sends that are not declared here are kept (``extra="allow"``) and dumped back. An SDK
+    ``Response`` validates too (``NeMoGymResponse.model_validate(sdk_response)``), as do SDK items and tools in
+    its fields.
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = _SDK_CONFIG
 
     id: str
     created_at: Union[int, float]
@@ -544,9 +581,9 @@ class NeMoGymResponse(BaseModel):
     object: Literal["response"] = "response"
     output: list[SerializeAsAny[NeMoGymResponseOutputItem]]
     parallel_tool_calls: Optional[bool] = True
-    tool_choice: Union[str, dict[str, Any]] = "auto"
+    tool_choice: Union[str, _SDKDict] = "auto"
     tools: list[NeMoGymResponseTool] = Field(default_factory=list)
-    error: Optional[dict[str, Any]] = None
+    error: Optional[_SDKDict] = None
     incomplete_details: Optional[NeMoGymIncompleteDetails] = None
     instructions: Union[str, list[Any], None] = None
     metadata: Optional[dict[str, Any]] = None
@@ -556,11 +593,11 @@ class NeMoGymResponse(BaseModel):
     max_output_tokens: Optional[int] = None
     max_tool_calls: Optional[int] = None
     previous_response_id: Optional[str] = None
-    prompt: Optional[dict[str, Any]] = None
-    reasoning: Optional[dict[str, Any]] = None
+    prompt: Optional[_SDKDict] = None
+    reasoning: Optional[_SDKDict] = None
     service_tier: Optional[str] = None
     status: Optional[str] = None
-    text: Optional[dict[str, Any]] = None
+    text: Optional[_SDKDict] = None
     top_logprobs: Optional[int] = None
     truncation: Optional[str] = None
     usage: Optional[NeMoGymResponseUsage] = None

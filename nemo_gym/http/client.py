@@ -1,7 +1,14 @@
 """HTTP client that servers use to call each other by server id.
 
 `ServerClient` turns a server id (a top-level block name of the global config) into
-`http://{host}:{port}` and sends requests through one shared httpx transport per event loop.
+`http://{host}:{port}` and sends requests with one shared `aiohttp.ClientSession` per event loop.
+
+Responses (docs/design.md, decision 1): `get` / `post` / `request` return a `ServerResponse`, the body already read,
+with v0.2's aiohttp contract: `resp.status`, `resp.ok`, `resp.reason`, `resp.headers`, `resp.cookies`
+(`SimpleCookie`), `await resp.json()`, `await resp.read()`, `await resp.text()`, `resp.raise_for_status()`; and,
+without awaiting, `resp.status_code`, `resp.content` (bytes), `resp.server_name`, `resp.attempts`. The helpers
+`await raise_for_status(resp)` and `await get_response_json(resp)` take a `ServerResponse`, an
+`aiohttp.ClientResponse` or an `httpx.Response`.
 
 Behaviour (NeMo Gym v0.2 compatible):
 
@@ -26,13 +33,16 @@ Behaviour (NeMo Gym v0.2 compatible):
 
 Transport (benchmark: `benchmarks/client_concurrency.py`): httpx's default httpcore pool rescans its waiting
 queue against every connection on each request and each release, which is quadratic in queued requests and
-stalls at ~16k in flight. We default to `httpx_aiohttp.AiohttpTransport` over one `aiohttp.TCPConnector`
-(`limit = global_aiohttp_connector_limit`, default 102400; `limit_per_host =
-global_aiohttp_connector_limit_per_host`, default 1024), whose waiters queue is O(1) per request. Set
-`http_client_transport: httpx` (config) or `NEMO_GYM_HTTP_CLIENT_TRANSPORT=httpx` (env) to use an httpcore pool
-sized from the same two keys instead. The config key wins over the env var.
+stalls at ~16k in flight. We use aiohttp's public API directly, as v0.2 did: one `aiohttp.ClientSession` over one
+`aiohttp.TCPConnector` (`limit = global_aiohttp_connector_limit`, default 102400; `limit_per_host =
+global_aiohttp_connector_limit_per_host`, default 1024), whose waiters queue is O(1) per request. httpx clients
+that share it (`NeMoGymAsyncOpenAI`, the vLLM model server) go through `AiohttpTransport`, our httpx transport
+over that session. Set `http_client_transport: httpx` (config) or `NEMO_GYM_HTTP_CLIENT_TRANSPORT=httpx` (env) to
+use an httpcore pool sized from the same two keys instead. The config key wins over the env var. A final transport
+error is raised as the httpx exception type that says the same thing (`ConnectError`, `ReadTimeout`, ...), the
+aiohttp error as its `__cause__`.
 
-There is one transport per event loop per process, created lazily by the first request on that loop with the
+There is one session/transport per event loop per process, created lazily by the first request on that loop with the
 config of the `ServerClient` that made it. It is closed when the loop shuts down its async generators
 (`asyncio.run`, uvicorn, pytest-asyncio all do), at interpreter exit if the loop is still usable, or explicitly
 with `await close_global_client()`.
@@ -50,8 +60,10 @@ from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from typing import Any, AsyncIterator, Mapping, Optional, Union
 
+import aiohttp
 import httpx
 import orjson
+from yarl import URL
 
 from nemo_gym.config.values import config_get, is_mapping
 from nemo_gym.errors import did_you_mean
@@ -71,6 +83,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "ServerClient",
+    "ServerResponse",
+    "AiohttpTransport",
     "NeMoGymHTTPError",
     "raise_for_status",
     "get_response_json",
@@ -93,70 +107,77 @@ TRANSPORT_CONFIG_KEY = "http_client_transport"
 TRANSPORTS = ("aiohttp", "httpx")
 DEFAULT_TRANSPORT = "aiohttp"
 
-_JSON_HEADERS = (("content-type", "application/json"),)
+_JSON_HEADERS = {"Content-Type": "application/json"}
 _NO_TIMEOUT_OVERRIDE: Any = object()
 
 
 # --------------------------------------------------------------------------------------------------------
-# Errors and response helpers
+# The response, errors and response helpers
 
 
-def _aiohttp_request_info(request: Optional[httpx.Request]):
-    try:
-        import aiohttp
-        from multidict import CIMultiDict, CIMultiDictProxy
-        from yarl import URL
-    except Exception:  # pragma: no cover - aiohttp is a dependency
-        return None
-    url = URL(str(request.url)) if request is not None else URL()
-    method = request.method if request is not None else ""
-    headers = CIMultiDictProxy(CIMultiDict(request.headers.multi_items() if request is not None else ()))
-    return aiohttp.RequestInfo(url, method, headers, url)
+def _request_info(url: Any, method: str) -> Any:
+    """An `aiohttp.RequestInfo` for errors (v0.2 code reads `e.request_info`)."""
+    import aiohttp
+    from multidict import CIMultiDict, CIMultiDictProxy
+    from yarl import URL
+
+    url = url if isinstance(url, URL) else URL(str(url or ""))
+    return aiohttp.RequestInfo(url, method or "", CIMultiDictProxy(CIMultiDict()), url)
 
 
-def _error_bases() -> tuple[type, ...]:
-    # Also an aiohttp.ClientResponseError, so environment code written for the reference's aiohttp client
-    # (`except ClientResponseError as e: e.status`) keeps working.
-    try:
-        import aiohttp
-
-        return (httpx.HTTPStatusError, aiohttp.ClientResponseError)
-    except Exception:  # pragma: no cover
-        return (httpx.HTTPStatusError,)
-
-
-class NeMoGymHTTPError(*_error_bases()):  # type: ignore[misc]
+class NeMoGymHTTPError(httpx.HTTPStatusError, aiohttp.ClientResponseError):
     """An HTTP error status from another server.
 
     `response_content` is the response body as text (the exception middleware relays it), `status` /
-    `status_code` the status, `server_name` the server id (when known), `attempts` how many tries were made.
-    Subclasses `httpx.HTTPStatusError` and `aiohttp.ClientResponseError`.
+    `status_code` the status, `server_name` the server id (when known), `attempts` how many tries were made,
+    `response` the response it was raised for. Subclasses `httpx.HTTPStatusError` and
+    `aiohttp.ClientResponseError` (so `except ClientResponseError as e: e.status` works as in v0.2).
     """
 
     def __init__(
         self,
         message: str,
         *,
-        request: Optional[httpx.Request] = None,
-        response: Optional[httpx.Response] = None,
+        response: Any = None,
         response_content: str = "",
         server_name: Optional[str] = None,
         attempts: Optional[int] = None,
+        status: Optional[int] = None,
+        method: str = "",
+        url: Any = None,
     ) -> None:
         Exception.__init__(self, message)
-        self.request = request  # type: ignore[assignment]
         self.response = response  # type: ignore[assignment]
+        self._request = response._request if isinstance(response, httpx.Response) else None
         self.response_content = response_content
         self.server_name = server_name
         self.attempts = attempts
-        status = response.status_code if response is not None else 0
+        if status is None:
+            status = _status_of(response) if response is not None else 0
         self.status = status
         self.status_code = status
         self.message = message
-        self.headers = response.headers if response is not None else None
+        self.headers = getattr(response, "headers", None)
         self.history = ()
-        self.request_info = _aiohttp_request_info(request)
+        self._method = method
+        self._url = url
         self.args = (message,)
+
+    @property
+    def request(self) -> Any:  # httpx's attribute; None when the response did not come from httpx
+        return self._request
+
+    @request.setter
+    def request(self, value: Any) -> None:
+        self._request = value
+
+    @property
+    def request_info(self) -> Any:  # aiohttp's attribute, built on first use
+        return _request_info(self._url, self._method)
+
+    @request_info.setter
+    def request_info(self, value: Any) -> None:
+        pass
 
     def __str__(self) -> str:
         return self.message
@@ -165,42 +186,209 @@ class NeMoGymHTTPError(*_error_bases()):  # type: ignore[misc]
         return f"{type(self).__name__}({self.message!r})"
 
 
-async def _ensure_read(response: httpx.Response) -> bytes:
-    try:
-        return response.content
-    except httpx.ResponseNotRead:
-        return await response.aread()
+class ServerResponse:
+    """A fully read response from `ServerClient`, with NeMo Gym v0.2's (aiohttp's) contract.
+
+    aiohttp-style: `status`, `reason`, `ok`, `headers` (a case-insensitive `multidict`), `cookies` (a
+    `SimpleCookie` of this response's `Set-Cookie`s), `url`, `method`, `content_type`, `charset`,
+    `await read()`, `await text()`, `await json()`, `raise_for_status()`, `release()`, `close()`,
+    `async with`. Plus, without awaiting: `status_code`, `reason_phrase` and `content`/`body` (the bytes),
+    and `server_name` / `attempts` (which server answered, after how many tries). The body is already in
+    memory, so nothing here does I/O and releasing is a no-op.
+    """
+
+    __slots__ = ("status", "reason", "headers", "_body", "url", "method", "server_name", "attempts", "_cookies")
+
+    def __init__(
+        self,
+        status: int,
+        reason: Optional[str],
+        headers: Any,
+        body: bytes,
+        url: Any = None,
+        method: str = "",
+        server_name: Optional[str] = None,
+        attempts: int = 1,
+    ) -> None:
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self._body = body
+        self.url = url
+        self.method = method
+        self.server_name = server_name
+        self.attempts = attempts
+        self._cookies: Optional[SimpleCookie] = None
+
+    @classmethod
+    def from_httpx(cls, response: httpx.Response, url: Any = None, method: str = "") -> "ServerResponse":
+        """Wrap a read `httpx.Response` (the `httpx` transport, or a transport a test passed in)."""
+        from multidict import CIMultiDict, CIMultiDictProxy
+
+        headers = CIMultiDictProxy(CIMultiDict(response.headers.multi_items()))
+        return cls(response.status_code, response.reason_phrase, headers, response.content, url, method)
+
+    # -- without awaiting -----------------------------------------------------------------------------------
+
+    @property
+    def status_code(self) -> int:
+        return self.status
+
+    @property
+    def reason_phrase(self) -> str:
+        return self.reason or ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status < 400
+
+    @property
+    def content(self) -> bytes:
+        return self._body
+
+    @property
+    def body(self) -> bytes:
+        return self._body
+
+    @property
+    def real_url(self) -> Any:
+        return self.url
+
+    @property
+    def history(self) -> tuple:
+        return ()
+
+    @property
+    def content_type(self) -> str:
+        value = self.headers.get("content-type") or "application/octet-stream"
+        return value.partition(";")[0].strip().lower()
+
+    @property
+    def charset(self) -> Optional[str]:
+        _, _, params = (self.headers.get("content-type") or "").partition(";")
+        for param in params.split(";"):
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "charset":
+                return value.strip().strip('"') or None
+        return None
+
+    @property
+    def cookies(self) -> SimpleCookie:
+        if self._cookies is None:
+            jar: SimpleCookie = SimpleCookie()
+            for header in self.headers.getall("set-cookie", ()):
+                try:
+                    jar.load(header)
+                except Exception:  # a malformed Set-Cookie is skipped, as aiohttp does
+                    continue
+            self._cookies = jar
+        return self._cookies
+
+    @property
+    def request_info(self) -> Any:
+        return _request_info(self.url, self.method)
+
+    def get_encoding(self) -> str:
+        return self.charset or "utf-8"
+
+    def raise_for_status(self) -> None:
+        if self.status >= 400:
+            raise _http_error(self, self._body)
+
+    def release(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    # -- awaited, as in aiohttp -----------------------------------------------------------------------------
+
+    async def read(self) -> bytes:
+        return self._body
+
+    async def text(self, encoding: Optional[str] = None, errors: str = "strict") -> str:
+        return self._body.decode(encoding or self.get_encoding(), errors)
+
+    async def json(self, *, encoding: Optional[str] = None, loads: Any = None, content_type: Any = None) -> Any:
+        """The body parsed as JSON (orjson unless `loads` is given); an empty body is None, as in aiohttp. The
+        content type is not checked (`content_type` is accepted for compatibility)."""
+        body = self._body
+        if not body.strip():
+            return None
+        if loads is not None:
+            return loads(body.decode(encoding or self.get_encoding()))
+        return orjson.loads(body)
+
+    async def __aenter__(self) -> "ServerResponse":
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<ServerResponse({self.url}) [{self.status} {self.reason or ''}]>"
 
 
-async def raise_for_status(response: httpx.Response) -> None:
-    """Raise `NeMoGymHTTPError` (body text attached as `response_content`) if the status is >= 400."""
-    if response.status_code < 400:
-        return
-    body = await _ensure_read(response)
+def _status_of(response: Any) -> int:
+    status = getattr(response, "status", None)
+    if not isinstance(status, int):
+        status = getattr(response, "status_code", 0)
+    return int(status)
+
+
+async def _read_body(response: Any) -> bytes:
+    """The body of a ServerResponse, an `aiohttp.ClientResponse` or an `httpx.Response`."""
+    if isinstance(response, ServerResponse):
+        return response._body
+    if isinstance(response, httpx.Response):
+        try:
+            return response.content
+        except httpx.ResponseNotRead:
+            return await response.aread()
+    return await response.read()  # aiohttp.ClientResponse (reads once, then serves the cached body)
+
+
+def _http_error(response: Any, body: bytes) -> NeMoGymHTTPError:
     text = body.decode("utf-8", errors="replace")
-    ext = response.extensions
-    server_name = ext.get("nemo_gym_server_name")
-    attempts = ext.get("nemo_gym_attempts")
-    request = response._request  # may be None for hand-built responses
-    where = f"{request.method} {request.url}" if request is not None else "request"
+    status = _status_of(response)
+    server_name = getattr(response, "server_name", None)
+    attempts = getattr(response, "attempts", None)
+    if isinstance(response, httpx.Response):
+        request = response._request  # None for hand-built responses
+        method, url = (request.method, request.url) if request is not None else ("", None)
+        reason = response.reason_phrase
+    else:
+        method, url = getattr(response, "method", "") or "", getattr(response, "url", None)
+        reason = getattr(response, "reason", None) or ""
+    where = f"{method} {url}" if method and url is not None else "request"
     if server_name:
         where += f" (server `{server_name}`)"
     tries = f" after {attempts} attempts" if attempts and attempts > 1 else ""
     preview = text if len(text) <= 2000 else text[:2000] + "...[truncated]"
-    message = f"{where} failed with HTTP {response.status_code} {response.reason_phrase}{tries}: {preview}"
-    raise NeMoGymHTTPError(
+    message = f"{where} failed with HTTP {status} {reason}{tries}: {preview}"
+    return NeMoGymHTTPError(
         message,
-        request=request,
         response=response,
         response_content=text,
         server_name=server_name,
         attempts=attempts,
+        status=status,
+        method=method,
+        url=url,
     )
 
 
-async def get_response_json(response: httpx.Response) -> Any:
-    """Parse the body as JSON with orjson."""
-    return orjson.loads(await _ensure_read(response))
+async def raise_for_status(response: Any) -> None:
+    """Raise `NeMoGymHTTPError` (body text attached as `response_content`) if the status is >= 400. Takes a
+    `ServerResponse`, an `aiohttp.ClientResponse` or an `httpx.Response`."""
+    if _status_of(response) < 400:
+        return
+    raise _http_error(response, await _read_body(response))
+
+
+async def get_response_json(response: Any) -> Any:
+    """Parse the body as JSON with orjson (`ServerResponse`, `aiohttp.ClientResponse` or `httpx.Response`)."""
+    return orjson.loads(await _read_body(response))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -281,16 +469,14 @@ def _transport_name(cfg: Any) -> str:
     return name
 
 
-def _remap_aiohttp_error(exc: BaseException, request: httpx.Request) -> Optional[httpx.TransportError]:
-    """httpx_aiohttp maps every aiohttp connection error to ConnectTimeout; give them truthful httpx types
-    so retry decisions and messages are right."""
-    import aiohttp
-
+def _remap_aiohttp_error(exc: BaseException, request: Any) -> Optional[httpx.TransportError]:
+    """The httpx exception type that says the same as an aiohttp error (its `__cause__`), so callers and
+    messages see one family of transport errors whichever transport ran. None if `exc` is not aiohttp's."""
     cause = exc if isinstance(exc, aiohttp.ClientError) else exc.__cause__
-    if cause is None or not isinstance(cause, aiohttp.ClientError):
+    if not isinstance(cause, (aiohttp.ClientError, asyncio.TimeoutError)):
         return None
     text = str(cause) or type(cause).__name__
-    if isinstance(cause, aiohttp.ServerTimeoutError):
+    if isinstance(cause, asyncio.TimeoutError):
         if isinstance(cause, aiohttp.ConnectionTimeoutError):
             new: httpx.TransportError = httpx.ConnectTimeout(text)
         else:
@@ -299,123 +485,86 @@ def _remap_aiohttp_error(exc: BaseException, request: httpx.Request) -> Optional
         new = httpx.ConnectError(text)
     elif isinstance(cause, aiohttp.ServerDisconnectedError):
         new = httpx.RemoteProtocolError(text if "disconnect" in text.lower() else f"Server disconnected: {text}")
-    elif isinstance(cause, aiohttp.ClientPayloadError):
+    elif isinstance(cause, (aiohttp.ClientPayloadError, aiohttp.ClientOSError)):
         new = httpx.ReadError(text)
-    elif isinstance(cause, (aiohttp.ClientOSError, aiohttp.ClientConnectionResetError)):
-        new = httpx.ReadError(text)
-    elif isinstance(cause, aiohttp.ClientResponseError):
-        new = httpx.RemoteProtocolError(text)
-    elif isinstance(cause, aiohttp.ClientConnectionError):
+    elif isinstance(cause, (aiohttp.ClientResponseError, aiohttp.ClientConnectionError)):
         new = httpx.RemoteProtocolError(text)
     else:
         return None
-    new.request = request
+    if isinstance(request, httpx.Request):
+        new.request = request
     new.__cause__ = cause
     return new
 
 
-def _make_aiohttp_transport(limit: int, limit_per_host: int) -> httpx.AsyncBaseTransport:
-    import aiohttp
-    from httpx_aiohttp import AiohttpTransport
-    from httpx_aiohttp.transport import AiohttpResponseStream
+_client_timeouts: dict[tuple, aiohttp.ClientTimeout] = {}
 
-    class _Stream(AiohttpResponseStream):
-        async def __aiter__(self) -> AsyncIterator[bytes]:
-            request = self._nemo_gym_request
-            try:
-                async for chunk in super().__aiter__():
-                    yield chunk
-            except (httpx.TransportError, aiohttp.ClientError) as exc:
-                new = _remap_aiohttp_error(exc, request)
-                if new is None:
-                    raise
-                raise new from new.__cause__
 
-    timeouts_cache: dict[tuple, aiohttp.ClientTimeout] = {}
+def _client_timeout(timeout: Mapping[str, Any]) -> aiohttp.ClientTimeout:
+    """aiohttp's timeout for an httpx-style timeout dict: pool -> `connect` (waiting for a pooled connection
+    included), connect -> `sock_connect`, read -> `sock_read`; no total."""
+    key = (timeout.get("connect"), timeout.get("read"), timeout.get("pool"))
+    value = _client_timeouts.get(key)
+    if value is None:
+        value = aiohttp.ClientTimeout(total=None, connect=key[2], sock_connect=key[0], sock_read=key[1])
+        if len(_client_timeouts) < 256:
+            _client_timeouts[key] = value
+    return value
 
-    def client_timeout(timeout: Mapping[str, Any]) -> aiohttp.ClientTimeout:
-        key = (timeout.get("connect"), timeout.get("read"), timeout.get("pool"))
-        value = timeouts_cache.get(key)
-        if value is None:
-            # Same mapping as httpx_aiohttp: pool -> aiohttp `connect` (waiting for a pooled connection
-            # included), connect -> `sock_connect`, read -> `sock_read`. No total timeout.
-            value = aiohttp.ClientTimeout(total=None, connect=key[2], sock_connect=key[0], sock_read=key[1])
-            if len(timeouts_cache) < 256:
-                timeouts_cache[key] = value
-        return value
 
-    class NeMoGymAiohttpTransport(AiohttpTransport):
-        """httpx_aiohttp's transport with truthful exception types, plus a buffered fast path.
-
-        Requests carrying the extension `nemo_gym_buffered=True` (ServerClient sets it; it always reads the
-        whole body) are sent with aiohttp directly and their body read in one go, skipping the per-chunk
-        streaming layers. Everything else (e.g. `client.stream(...)` on the shared AsyncClient) streams
-        through the parent implementation.
-        """
-
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            ext = request.extensions
-            if ext.get("nemo_gym_buffered") and isinstance(self.client, aiohttp.ClientSession):
-                try:
-                    body = request.content
-                except httpx.RequestNotRead:
-                    body = None
-                else:
-                    return await self._buffered(request, body)
-            try:
-                response = await super().handle_async_request(request)
-            except (httpx.TransportError, aiohttp.ClientError) as exc:
-                new = _remap_aiohttp_error(exc, request)
-                if new is None:
-                    raise
-                raise new from new.__cause__
-            stream = response.stream
-            if type(stream) is AiohttpResponseStream:
-                stream.__class__ = _Stream
-                stream._nemo_gym_request = request  # type: ignore[attr-defined]
-            return response
-
-        async def _buffered(self, request: httpx.Request, body: bytes) -> httpx.Response:
-            try:
-                resp = await self.client.request(
-                    request.method,
-                    str(request.url),
-                    headers=request.headers.multi_items(),
-                    data=body or None,
-                    allow_redirects=False,
-                    auto_decompress=False,
-                    compress=False,
-                    timeout=client_timeout(request.extensions.get("timeout") or {}),
-                )
-                try:
-                    content = await resp.read()
-                finally:
-                    resp.release()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                new = _remap_aiohttp_error(exc, request)
-                if new is None:
-                    raise
-                raise new from exc
-            extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
-            if resp.reason:
-                extensions["reason_phrase"] = resp.reason.encode()
-            return httpx.Response(
-                resp.status,
-                headers=resp.raw_headers,
-                stream=httpx.ByteStream(content),
-                request=request,
-                extensions=extensions,
-            )
-
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit_per_host)
-    session = aiohttp.ClientSession(
-        connector=connector,
-        cookie_jar=aiohttp.DummyCookieJar(),
+def _new_session(limit: int, limit_per_host: int) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit, limit_per_host=limit_per_host),
+        cookie_jar=aiohttp.DummyCookieJar(),  # cookies are explicit per call, never stored
         timeout=aiohttp.ClientTimeout(total=None),
-        # Local traffic: no compression negotiation, no UA; httpx decodes whatever the server sends.
+        # Local traffic: no compression negotiation, no User-Agent.
         skip_auto_headers=("Accept-Encoding", "User-Agent"),
     )
-    return NeMoGymAiohttpTransport(client=session, trust_env=False)
+
+
+class AiohttpTransport(httpx.AsyncBaseTransport):
+    """An httpx transport that sends with one `aiohttp.ClientSession` (aiohttp's public API only), so httpx
+    clients (`NeMoGymAsyncOpenAI`, the vLLM model server) share the process's connector. Bodies are read whole;
+    aiohttp errors are raised as the httpx exception saying the same thing (the aiohttp error as `__cause__`)."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            body = request.content
+        except httpx.RequestNotRead:
+            body = await request.aread()
+        try:
+            resp = await self.session.request(
+                request.method,
+                str(request.url),
+                headers=request.headers.multi_items(),
+                data=body or None,
+                allow_redirects=False,
+                auto_decompress=False,  # httpx decodes Content-Encoding itself
+                compress=False,
+                timeout=_client_timeout(request.extensions.get("timeout") or {}),
+            )
+            try:
+                content = await resp.read()
+            finally:
+                resp.release()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            new = _remap_aiohttp_error(exc, request)
+            if new is None:
+                raise
+            raise new from exc
+        extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
+        if resp.reason:
+            extensions["reason_phrase"] = resp.reason.encode()
+        return httpx.Response(
+            resp.status, headers=resp.raw_headers, stream=httpx.ByteStream(content), request=request,
+            extensions=extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self.session.close()
 
 
 def _make_httpx_transport(limit: int, limit_per_host: int) -> httpx.AsyncBaseTransport:
@@ -431,9 +580,10 @@ def build_transport(
     limit: int = DEFAULT_CONNECTOR_LIMIT,
     limit_per_host: int = DEFAULT_CONNECTOR_LIMIT_PER_HOST,
 ) -> httpx.AsyncBaseTransport:
-    """A new transport of the kind the shared client uses (`aiohttp` or `httpx`). Call inside a running loop."""
+    """A new httpx transport of the kind the shared client uses (`aiohttp`: an `AiohttpTransport` over a new
+    session; `httpx`: an httpcore pool). Call inside a running loop."""
     if name == "aiohttp":
-        return _make_aiohttp_transport(limit, limit_per_host)
+        return AiohttpTransport(_new_session(limit, limit_per_host))
     if name == "httpx":
         return _make_httpx_transport(limit, limit_per_host)
     raise ValueError(f"Unknown transport {name!r}; expected one of {TRANSPORTS}.")
@@ -444,6 +594,8 @@ class _LoopState:
     loop: asyncio.AbstractEventLoop
     transport: httpx.AsyncBaseTransport
     transport_name: str
+    # The aiohttp session ServerClient sends with directly; None with the `httpx` transport.
+    session: Optional[aiohttp.ClientSession] = None
     debug: bool = False
     client: Optional[httpx.AsyncClient] = None
     closer: Any = None
@@ -503,6 +655,7 @@ def _get_state(cfg: Any = None) -> _LoopState:
                 loop=loop,
                 transport=transport,
                 transport_name=name,
+                session=transport.session if isinstance(transport, AiohttpTransport) else None,
                 debug=bool(config_get(cfg, "global_aiohttp_client_request_debug", False)),
             )
             # Start the closer generator synchronously up to its `yield` (it awaits nothing before it);
@@ -639,7 +792,8 @@ class ServerClient(RetryingClient):
         self._timeout_dict = _coerce_timeout(timeout)
         self.timeout = httpx.Timeout(**self._timeout_dict)
         self._base_urls: dict[str, str] = {}
-        self._urls: dict[tuple[str, str], httpx.URL] = {}  # parsed URLs per (server, path): parsing is costly
+        self._urls: dict[tuple[str, str], URL] = {}  # parsed URLs per (server, path): parsing is costly
+        self._client_timeout = _client_timeout(self._timeout_dict)
         # A transport of your own (tests: httpx.MockTransport; benchmarks); None = the shared one per loop.
         self._transport = transport
 
@@ -667,10 +821,10 @@ class ServerClient(RetryingClient):
             self._base_urls[server_name] = url
         return url
 
-    def _build_url(self, server_name: str, url_path: str) -> httpx.URL:
+    def _build_url(self, server_name: str, url_path: str) -> URL:
         base = self.base_url(server_name)
         path = url_path if not url_path or url_path.startswith("/") else "/" + url_path
-        url = httpx.URL(base + path)
+        url = URL(base + path)
         if len(self._urls) >= 4096:  # paths with ids in them: keep the cache bounded
             self._urls.clear()
         self._urls[(server_name, url_path)] = url
@@ -757,10 +911,10 @@ class ServerClient(RetryingClient):
 
     # -- requests -----------------------------------------------------------------------------------------
 
-    async def get(self, server_name: str, url_path: str, **kwargs: Any) -> httpx.Response:
+    async def get(self, server_name: str, url_path: str, **kwargs: Any) -> ServerResponse:
         return await self.request(server_name, url_path, "GET", **kwargs)
 
-    async def post(self, server_name: str, url_path: str, **kwargs: Any) -> httpx.Response:
+    async def post(self, server_name: str, url_path: str, **kwargs: Any) -> ServerResponse:
         return await self.request(server_name, url_path, "POST", **kwargs)
 
     async def request(
@@ -775,11 +929,11 @@ class ServerClient(RetryingClient):
         cookies: CookiesLike = None,
         headers: Optional[Mapping[str, str]] = None,
         params: Any = None,
-        timeout: Union[float, httpx.Timeout, None] = _NO_TIMEOUT_OVERRIDE,
+        timeout: Any = _NO_TIMEOUT_OVERRIDE,
         max_attempts: Optional[int] = None,
         idempotent: Optional[bool] = None,
-    ) -> httpx.Response:
-        """Send `method` to `url_path` of server `server_name` and return the fully read response.
+    ) -> ServerResponse:
+        """Send `method` to `url_path` of server `server_name` and return the fully read `ServerResponse`.
 
         Retries as described in the module docstring; `max_attempts` overrides the client's bound for one
         call, `idempotent` whether repeating it is harmless (default: by method). The response is returned for
@@ -788,46 +942,60 @@ class ServerClient(RetryingClient):
         if url is None:
             url = self._build_url(server_name, url_path)
 
-        header_list: list[tuple[str, str]] = []
+        header_map: dict[str, str] = {}
         body: Optional[bytes] = None
         if json is not None:
             body = encode_json_body(json)
-            header_list.extend(_JSON_HEADERS)
+            header_map.update(_JSON_HEADERS)
         elif content is not None or data is not None:
             raw = content if content is not None else data
             body = raw.encode() if isinstance(raw, str) else raw
         if headers:
-            header_list.extend(headers.items())
+            header_map.update(headers)
         if cookies:
             cookie_header = encode_cookie_header(cookies)
             if cookie_header:
-                header_list.append(("cookie", cookie_header))
+                header_map["Cookie"] = cookie_header
 
-        timeout_dict = self._timeout_dict if timeout is _NO_TIMEOUT_OVERRIDE else _coerce_timeout(timeout)
-        request = httpx.Request(
-            method,
-            url,
-            params=params,
-            headers=header_list,
-            content=body,
-            extensions={"timeout": timeout_dict, "nemo_gym_buffered": True},
-        )
+        timeout_override = None if timeout is _NO_TIMEOUT_OVERRIDE else _coerce_timeout(timeout)
+        session: Optional[aiohttp.ClientSession] = None
         if self._transport is not None:
             transport, debug = self._transport, False
         else:
             state = _get_state(self._global_config_dict)
-            transport, debug = state.transport, state.debug
+            transport, session, debug = state.transport, state.session, state.debug
         if idempotent is None:
             idempotent = is_idempotent_method(method)
 
-        async def send() -> httpx.Response:
-            response = await transport.handle_async_request(request)
-            try:
-                await response.aread()
-            except BaseException:
-                await response.aclose()
-                raise
-            return response
+        if session is not None:  # the default: aiohttp directly
+            client_timeout = self._client_timeout if timeout_override is None else _client_timeout(timeout_override)
+
+            async def send() -> ServerResponse:
+                resp = await session.request(
+                    method, url, data=body, headers=header_map, params=params, timeout=client_timeout,
+                    allow_redirects=False,
+                )
+                try:
+                    content = await resp.read()
+                finally:
+                    resp.release()
+                return ServerResponse(resp.status, resp.reason, resp.headers, content, resp.url, method, server_name)
+
+        else:  # an httpx transport (`http_client_transport: httpx`, or one passed in)
+            request = httpx.Request(
+                method, str(url), params=params, headers=header_map, content=body,
+                extensions={"timeout": timeout_override or self._timeout_dict},
+            )
+
+            async def send() -> ServerResponse:
+                response = await transport.handle_async_request(request)
+                try:
+                    await response.aread()
+                finally:
+                    await response.aclose()
+                wrapped = ServerResponse.from_httpx(response, URL(str(request.url)), method)
+                wrapped.server_name = server_name
+                return wrapped
 
         outcome = await self.retry_policy.run(
             send,
@@ -837,37 +1005,38 @@ class ServerClient(RetryingClient):
         )
         attempt = outcome.attempts
         if outcome.error is not None:
-            if isinstance(outcome.error, httpx.TransportError):
-                raise self._final_error(outcome.error, server_name, request, attempt, debug) from outcome.error
-            raise outcome.error
+            error = outcome.error
+            if not isinstance(error, httpx.TransportError):
+                error = _remap_aiohttp_error(error, None) or error
+            if isinstance(error, httpx.TransportError):
+                raise self._final_error(error, server_name, method, url, attempt, debug) from outcome.error
+            raise error
         response = outcome.result
-        ext = response.extensions
-        ext["nemo_gym_server_name"] = server_name
-        ext["nemo_gym_attempts"] = attempt
-        if debug and response.status_code >= 400:
+        response.attempts = attempt
+        if debug and response.status >= 400:
             logger.warning(
                 "%s %s (server `%s`) -> HTTP %s after %d attempt(s); request body: %r; response body: %r",
-                method, url, server_name, response.status_code, attempt, body, response.content,
+                method, url, server_name, response.status, attempt, body, response.content,
             )
         return response
 
     @staticmethod
     def _final_error(
-        exc: httpx.TransportError, server_name: str, request: httpx.Request, attempts: int, debug: bool
+        exc: httpx.TransportError, server_name: str, method: str, url: Any, attempts: int, debug: bool
     ) -> httpx.TransportError:
         detail = str(exc)
         tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
-        message = f"{request.method} {request.url} (server `{server_name}`) failed {tries}: {type(exc).__name__}"
+        message = f"{method} {url} (server `{server_name}`) failed {tries}: {type(exc).__name__}"
         if detail and detail != type(exc).__name__:
             message += f": {detail}"
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
             message += ". Is that server running and reachable at this address?"
         try:
-            new = type(exc)(message, request=request)
+            new = type(exc)(message)
         except Exception:  # pragma: no cover - unusual subclass signature
-            new = httpx.TransportError(message, request=request)
+            new = httpx.TransportError(message)
         new.server_name = server_name  # type: ignore[attr-defined]
-        new.url = str(request.url)  # type: ignore[attr-defined]
+        new.url = str(url)  # type: ignore[attr-defined]
         new.attempts = attempts  # type: ignore[attr-defined]
         if debug:
             logger.warning("%s", message, exc_info=exc)

@@ -50,7 +50,7 @@ from nemo_gym.base_responses_api_agent import (
 )
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.http.client import NeMoGymHTTPError
+from nemo_gym.http.client import NeMoGymHTTPError, ServerResponse
 
 __all__ = ["SimpleAgentConfig", "SimpleAgentRunRequest", "SimpleAgentVerifyResponse", "SimpleAgent"]
 
@@ -124,7 +124,7 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         _raise_inner(verified, f"resources server `{resources}`", "/verify")
         result = _parse_json(verified, f"resources server `{resources}`", "/verify")
         if not isinstance(result, dict):
-            raise RuntimeError(f"resources server `{resources}` answered /verify with a non-object: {verified.text[:500]}")
+            raise RuntimeError(f"resources server `{resources}` answered /verify with a non-object: {_text(verified)[:500]}")
         # Output rows keep every input field: the verifier's values win, row fields it dropped come back.
         return _json_response({**row, **result})
 
@@ -156,7 +156,7 @@ class SimpleAgent(SimpleResponsesAPIAgent):
             output = last.get("output") if isinstance(last, dict) else None
             if not isinstance(output, list):
                 raise RuntimeError(
-                    f"model server `{model}` answered /v1/responses without an `output` list: {sent.text[:1000]}"
+                    f"model server `{model}` answered /v1/responses without an `output` list: {_text(sent)[:1000]}"
                 )
             new_outputs.extend(output)
             usage = _add_usage(usage, last.get("usage"))
@@ -230,8 +230,8 @@ class SimpleAgent(SimpleResponsesAPIAgent):
             return error(f"the tool did not answer within {timeout} s ({type(exc).__name__})")
         _update_cookies(cookies, reply)
 
-        status = reply.status_code
-        text = reply.content.decode("utf-8", errors="replace")
+        status = reply.status
+        text = _text(reply)
         if status < 400:
             return {"type": "function_call_output", "call_id": call_id, "output": text}
         detail = _error_detail(text)
@@ -250,9 +250,13 @@ def _json_response(data: Any) -> Response:
     return Response(orjson.dumps(data), media_type="application/json")
 
 
-def _update_cookies(cookies: dict[str, str], response: httpx.Response) -> None:
+def _text(response: ServerResponse) -> str:
+    return response.content.decode("utf-8", errors="replace")
+
+
+def _update_cookies(cookies: dict[str, str], response: ServerResponse) -> None:
     """Take the `Set-Cookie`s of one inner response (name=value only; a Max-Age=0 deletes)."""
-    for header in response.headers.get_list("set-cookie"):
+    for header in response.headers.getall("set-cookie", ()):
         pair, _, attributes = header.partition(";")
         name, eq, value = pair.partition("=")
         name = name.strip()
@@ -275,31 +279,33 @@ def _expires_now(attributes: str) -> bool:
     return False
 
 
-def _raise_inner(response: httpx.Response, who: str, path: str) -> None:
+def _raise_inner(response: ServerResponse, who: str, path: str) -> None:
     """An inner server's HTTP error fails the rollout: 500 from our exception middleware, naming the server."""
-    status = response.status_code
+    status = response.status
     if status < 400:
         return
-    text = response.content.decode("utf-8", errors="replace")
+    text = _text(response)
     if len(text) > _ERROR_DETAIL_CHARS:
         text = text[:_ERROR_DETAIL_CHARS] + "...[truncated]"
     content = f"{who} answered POST {path} with HTTP {status}: {text}"
     raise NeMoGymHTTPError(
         content,
-        request=response._request,
         response=response,
         response_content=content,
-        server_name=response.extensions.get("nemo_gym_server_name"),
-        attempts=response.extensions.get("nemo_gym_attempts"),
+        server_name=response.server_name,
+        attempts=response.attempts,
+        status=status,
+        method=response.method,
+        url=response.url,
     )
 
 
-def _parse_json(response: httpx.Response, who: str, path: str) -> Any:
+def _parse_json(response: ServerResponse, who: str, path: str) -> Any:
     try:
         return orjson.loads(response.content)
     except orjson.JSONDecodeError as exc:
         raise RuntimeError(
-            f"{who} answered POST {path} with a body that is not JSON ({exc}): {response.text[:1000]!r}"
+            f"{who} answered POST {path} with a body that is not JSON ({exc}): {_text(response)[:1000]!r}"
         ) from None
 
 

@@ -226,7 +226,7 @@ class LoopAgent(SimpleResponsesAPIAgent):
                     self.config.resources_server.name, f"/{call['name']}", json=json.loads(call["arguments"]), cookies=cookies
                 )
                 cookies.update(dict(t.cookies))
-                new_items.append({"type": "function_call_output", "call_id": call["call_id"], "output": t.text})
+                new_items.append({"type": "function_call_output", "call_id": call["call_id"], "output": await t.text()})
         for name, value in cookies.items():  # hand the inner sessions back to /run
             response.set_cookie(name, value)
         return NeMoGymResponse.model_validate({**last, "output": new_items})

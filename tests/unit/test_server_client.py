@@ -173,11 +173,11 @@ async def test_request_goes_to_the_configured_host_and_path(server):
     client = _client(server.port)
     response = await client.get("test_resources", "/echo", params={"q": "1"})
     assert response.status_code == 200
-    assert str(response.request.url) == f"http://127.0.0.1:{server.port}/echo?q=1"
+    assert str(response.url) == f"http://127.0.0.1:{server.port}/echo?q=1"
     assert (await get_response_json(response))["query"] == {"q": "1"}
     # A path without its leading slash still works.
     response = await client.post("test_agent", "echo", json={"a": 1})
-    assert response.json()["body"] == {"a": 1}
+    assert (await response.json())["body"] == {"a": 1}
 
 
 def test_unknown_server_lists_known_ids():
@@ -215,7 +215,7 @@ async def test_pydantic_body_is_dumped_with_exclude_unset(server):
     client = _client(server.port)
     body = _Body(temperature=0.5, inner=_Inner(y="z"))
     response = await client.post("test_agent", "/echo", json=body)
-    seen = response.json()
+    seen = (await response.json())
     assert seen["body"] == {"temperature": 0.5, "inner": {"y": "z"}}
     assert seen["content_type"] == "application/json"
 
@@ -225,7 +225,7 @@ async def test_plain_json_with_nested_models_and_headers(server):
     response = await client.post(
         "test_agent", "/echo", json={"items": [_Inner(x=5)], "n": 1}, headers={"X-Test": "yes"}
     )
-    seen = response.json()
+    seen = (await response.json())
     assert seen["body"] == {"items": [{"x": 5}], "n": 1}
     assert seen["content_type"] == "application/json"
     assert seen["x_test"] == "yes"
@@ -237,32 +237,32 @@ async def test_plain_json_with_nested_models_and_headers(server):
 async def test_cookies_are_sent_explicitly_and_never_stored(server):
     client = _client(server.port)
     response = await client.post("test_agent", "/echo", json={}, cookies={"a": "1", "b": "2"})
-    assert response.json()["cookie"] == "a=1; b=2"
+    assert (await response.json())["cookie"] == "a=1; b=2"
     # The next call without cookies carries none: nothing was stored.
     response = await client.post("test_agent", "/echo", json={})
-    assert response.json()["cookie"] is None
+    assert (await response.json())["cookie"] is None
     # httpx.Cookies and SimpleCookie are accepted too.
     jar = httpx.Cookies()
     jar.set("c", "3", domain="127.0.0.1")
-    assert (await client.post("test_agent", "/echo", json={}, cookies=jar)).json()["cookie"] == "c=3"
+    assert (await (await client.post("test_agent", "/echo", json={}, cookies=jar)).json())["cookie"] == "c=3"
     simple = SimpleCookie()
     simple["d"] = "4"
-    assert (await client.post("test_agent", "/echo", json={}, cookies=simple)).json()["cookie"] == "d=4"
+    assert (await (await client.post("test_agent", "/echo", json={}, cookies=simple)).json())["cookie"] == "d=4"
     # A second client on the same loop shares the transport but not cookies.
     other = _client(server.port)
-    assert (await other.get("test_agent", "/echo")).json()["cookie"] is None
+    assert (await (await other.get("test_agent", "/echo")).json())["cookie"] is None
 
 
 async def test_set_cookie_is_read_from_the_response_and_can_be_passed_on(server):
     client = _client(server.port)
     response = await client.get("test_agent", "/set_cookie")
-    assert response.cookies["SimpleAgent___agent"] == "signed.value-1"
-    assert response.cookies["other"] == "two"
+    assert response.cookies["SimpleAgent___agent"].value == "signed.value-1"
+    assert response.cookies["other"].value == "two"
     response2 = await client.post("test_resources", "/echo", json={}, cookies=response.cookies)
-    sent = response2.json()["cookie"]
+    sent = (await response2.json())["cookie"]
     assert "SimpleAgent___agent=signed.value-1" in sent and "other=two" in sent
     # Not stored by the client, nor by the shared AsyncClient.
-    assert (await client.get("test_agent", "/echo")).json()["cookie"] is None
+    assert (await (await client.get("test_agent", "/echo")).json())["cookie"] is None
     shared = await get_global_client()
     await shared.get(f"http://127.0.0.1:{server.port}/set_cookie")
     assert len(shared.cookies.jar) == 0
@@ -286,9 +286,9 @@ async def test_retry_on_retryable_status_then_success(server, method, idempotent
     client = _client(server.port)
     response = await client.request("test_agent", f"/flaky/{key}/2/{status}", method, idempotent=idempotent)
     assert response.status_code == 200
-    assert response.json() == {"ok": True, "calls": 3}
+    assert (await response.json()) == {"ok": True, "calls": 3}
     assert server.state["calls"][key] == 3
-    assert response.extensions["nemo_gym_attempts"] == 3
+    assert response.attempts == 3
 
 
 async def test_503_with_retry_after_is_retried_after_the_time_asked_for(server, slept):
@@ -436,7 +436,7 @@ async def test_load_from_global_config(server, raw_yaml):
     assert client.global_config_dict["test_agent"]["responses_api_agents"]["simple_agent"]["port"] == server.port
     assert client.base_url("test_agent") == f"http://127.0.0.1:{server.port}"
     response = await client.post("test_agent", "/echo", json={"hello": "world"})
-    assert response.json()["body"] == {"hello": "world"}
+    assert (await response.json())["body"] == {"hello": "world"}
 
 
 def test_load_from_global_config_unreachable_head_server():
@@ -459,7 +459,7 @@ def test_load_from_global_config_unreachable_head_server():
 async def test_one_thousand_concurrent_requests_complete(server):
     client = _client(server.port)
     results = await asyncio.gather(*(client.post("test_agent", "/echo", json={"i": i}) for i in range(1000)))
-    assert [r.json()["body"]["i"] for r in results] == list(range(1000))
+    assert [(await r.json())["body"]["i"] for r in results] == list(range(1000))
     assert all(r.status_code == 200 for r in results)
 
 
@@ -471,11 +471,11 @@ async def test_shared_transport_defaults_and_limits_from_config(server):
     assert (await client.get("test_agent", "/echo")).status_code == 200
     transport = await get_global_transport()
     assert transport is await get_global_transport()  # one per loop
-    assert isinstance(transport.client, aiohttp.ClientSession)
-    assert transport.client.connector.limit == 321
-    assert transport.client.connector.limit_per_host == 12
+    assert isinstance(transport.session, aiohttp.ClientSession)
+    assert transport.session.connector.limit == 321
+    assert transport.session.connector.limit_per_host == 12
     await close_global_client()
-    assert transport.client.closed
+    assert transport.session.closed
     # A new one is created on demand after closing.
     assert (await client.get("test_agent", "/echo")).status_code == 200
     assert await get_global_transport() is not transport
@@ -490,8 +490,8 @@ async def test_httpx_transport_switch(server, monkeypatch, via):
         monkeypatch.setenv("NEMO_GYM_HTTP_CLIENT_TRANSPORT", "httpx")
     client = ServerClient(global_config_dict=cfg, backoff_base=0.01)
     response = await client.post("test_agent", "/echo", json={"via": via}, cookies={"k": "v"})
-    assert response.json()["body"] == {"via": via}
-    assert response.json()["cookie"] == "k=v"
+    assert (await response.json())["body"] == {"via": via}
+    assert (await response.json())["cookie"] == "k=v"
     assert isinstance(await get_global_transport(), httpx.AsyncHTTPTransport)
     assert (await client.post("test_agent", "/flaky/httpx-" + via + "/1/503", json={})).status_code == 200
 
@@ -510,4 +510,42 @@ def test_shared_transport_is_closed_when_asyncio_run_ends(server):
         seen["transport"] = await get_global_transport()
 
     asyncio.run(main())
-    assert seen["transport"].client.closed  # closed by loop.shutdown_asyncgens()
+    assert seen["transport"].session.closed  # closed by loop.shutdown_asyncgens()
+
+
+# ------------------------------------------------------------------------------------------ ServerResponse
+
+
+def _server_response(body: bytes, headers=(), status: int = 200) -> sc.ServerResponse:
+    return sc.ServerResponse.from_httpx(httpx.Response(status, headers=list(headers), content=body), "http://h/p", "POST")
+
+
+async def test_server_response_reads_like_aiohttp():
+    resp = _server_response(
+        "héllo".encode("latin-1"),
+        [("content-type", "text/plain; charset=latin-1"), ("set-cookie", "A___a=1.2; Path=/; HttpOnly"),
+         ("set-cookie", "b=two")],
+    )
+    assert (resp.status, resp.status_code, resp.ok, resp.reason) == (200, 200, True, "OK")
+    assert resp.content_type == "text/plain" and resp.charset == "latin-1"
+    assert await resp.text() == "héllo" and await resp.read() == resp.content == resp.body
+    assert {name: morsel.value for name, morsel in resp.cookies.items()} == {"A___a": "1.2", "b": "two"}
+    assert sc.encode_cookie_header(resp.cookies) == "A___a=1.2; b=two"
+    assert await _server_response(b"").json() is None
+    assert await _server_response(b' {"a": 1}').json(loads=lambda text: {"loaded": text.strip()}) == {"loaded": '{"a": 1}'}
+    failed = _server_response(b"nope", status=503)
+    assert not failed.ok
+    with pytest.raises(sc.NeMoGymHTTPError) as caught:
+        failed.raise_for_status()
+    assert caught.value.status == 503 and caught.value.response_content == "nope"
+    assert str(caught.value.request_info.url) == "http://h/p"
+
+
+def test_aiohttp_errors_map_to_the_httpx_type_that_says_the_same():
+    import aiohttp
+
+    assert isinstance(sc._remap_aiohttp_error(aiohttp.ServerDisconnectedError(), None), httpx.RemoteProtocolError)
+    assert isinstance(sc._remap_aiohttp_error(aiohttp.ConnectionTimeoutError(), None), httpx.ConnectTimeout)
+    assert isinstance(sc._remap_aiohttp_error(aiohttp.SocketTimeoutError(), None), httpx.ReadTimeout)
+    assert isinstance(sc._remap_aiohttp_error(aiohttp.ClientPayloadError("cut"), None), httpx.ReadError)
+    assert sc._remap_aiohttp_error(ValueError("not aiohttp"), None) is None

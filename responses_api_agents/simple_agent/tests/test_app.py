@@ -18,6 +18,7 @@ import pytest
 from fastapi import Body, FastAPI, Request
 from pydantic import Field
 
+from nemo_gym.http.client import ServerResponse
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.server_utils import SESSION_ID_KEY
 from nemo_gym.testing.counter_server import (
@@ -417,13 +418,13 @@ def test_add_usage_helper():
 
 
 def test_update_cookies_takes_set_cookie_and_honours_deletion():
-    response = httpx.Response(
+    response = ServerResponse.from_httpx(httpx.Response(
         200,
         headers=[
             ("set-cookie", "A___a=abc.def; path=/; Max-Age=1209600; httponly; samesite=lax"),
             ("set-cookie", "B___b=null; path=/; expires=Thu, 01 Jan 1970 00:00:00 GMT; Max-Age=0; httponly"),
         ],
-    )
+    ))
     cookies = {"B___b": "old", "C___c": "keep"}
     _update_cookies(cookies, response)
     assert cookies == {"A___a": "abc.def", "C___c": "keep"}
