@@ -32,7 +32,7 @@ from nemo_gym.config.global_config import (
     POLICY_MODEL_NAME_KEY_NAME,
 )
 from nemo_gym.config.overrides import Override
-from nemo_gym.config.types import HELP_KEYS, BaseNeMoGymCLIConfig
+from nemo_gym.config.types import HELP_KEYS, BaseNeMoGymCLIConfig, RestartPolicy
 from nemo_gym.errors import NeMoGymConfigError, did_you_mean
 
 __all__ = ["HeadServerKeys", "GlobalKeys", "FRAMEWORK_KEYS", "referenced_keys", "check_known_keys"]
@@ -89,6 +89,13 @@ class GlobalKeys(BaseNeMoGymCLIConfig):
     ray_num_gpus: Optional[int] = Field(default=None, description="GPUs of a Ray cluster started here.")
     dry_run: bool = Field(default=False, description="Build the server environments, start nothing, exit.")
     ready_timeout_s: float = Field(default=600.0, gt=0, description="How long to wait for every server's /health.")
+    restart_policy: RestartPolicy = Field(
+        default_factory=RestartPolicy,
+        description="Restarting servers that exit or stop answering /health once the stack is ready: "
+        "+restart_policy.max_restarts=N (0 = never restart), window_s, backoff_s, backoff_max_s, "
+        "health_check_interval_s, health_check_timeout_s, health_check_failures. A server block may set its own "
+        "(`<server>.<type>.<impl>.restart_policy`).",
+    )
     uvicorn_logging_show_200_ok: bool = Field(default=False, description="Log successful requests of servers.")
     uvicorn_timeout_worker_healthcheck: int = Field(
         default=30, description="Seconds a multi-worker server waits for its workers to come up."

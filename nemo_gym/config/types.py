@@ -33,6 +33,7 @@ __all__ = [
     "HuggingFaceIdentifier",
     "DatasetConfig",
     "BaseServerConfig",
+    "RestartPolicy",
     "BaseRunServerConfig",
     "BaseRunServerInstanceConfig",
     "ServerImplConfig",
@@ -176,6 +177,28 @@ class BaseServerConfig(BaseModel):
     port: int
 
 
+class RestartPolicy(BaseModel):
+    """How `ng_run` restarts a server process that exits or stops answering `/health` after the stack was ready
+    (global `restart_policy`, or per server inside its implementation block; per-server keys win). A server
+    that fails while the stack starts is never restarted: `ng_run` exits with its error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_restarts: int = Field(
+        default=5, ge=0, description="Restarts allowed within window_s; one more crash marks the server failed."
+    )
+    window_s: float = Field(default=600.0, gt=0, description="Seconds over which restarts are counted.")
+    backoff_s: float = Field(
+        default=0.5, ge=0, description="Wait before the first restart in the window; doubled for each further one."
+    )
+    backoff_max_s: float = Field(default=30.0, ge=0, description="Cap of the wait before a restart.")
+    health_check_interval_s: float = Field(default=10.0, gt=0, description="How often a ready server's /health is checked.")
+    health_check_timeout_s: float = Field(default=10.0, gt=0, description="How long one /health check may take.")
+    health_check_failures: int = Field(
+        default=6, ge=1, description="Consecutive failed /health checks after which the server is killed and restarted."
+    )
+
+
 class BaseRunServerConfig(BaseServerConfig):
     """The implementation-level fields every server block may carry. Extra keys are kept: the
     server's own config class (a subclass) validates them."""
@@ -190,6 +213,8 @@ class BaseRunServerConfig(BaseServerConfig):
     # Ray" (runtime/ray.py).
     venv_mode: Optional[Literal["shared", "isolated"]] = None
     ray: bool = False
+    # Overrides of the global `restart_policy` for this server (runtime/launcher.py).
+    restart_policy: Optional[RestartPolicy] = None
 
 
 class BaseRunServerInstanceConfig(BaseRunServerConfig):

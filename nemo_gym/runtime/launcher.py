@@ -8,12 +8,19 @@ Why it looks like this:
 - Each child runs in its own session (process group), so a terminal Ctrl-C reaches only `ng_run`, which then
   stops the children in order (SIGINT, then SIGTERM, then SIGKILL) and kills whole groups: no orphans.
 - Child output is read line by line and forwarded; the last lines are kept so a crash report can show them.
+- Self-healing: once the stack is ready, a server that exits or stops answering `/health` is restarted on the
+  same socket (this process keeps its copy of every listening socket, so while a server restarts, new
+  connections wait in the kernel's accept queue instead of being refused) with bounded exponential backoff, per
+  `restart_policy`. After `max_restarts` within `window_s` the server is marked failed (its socket is closed, so
+  clients fail fast) and `ng_status` shows it; `ng_run` then exits 1 when stopped. A server that fails while the
+  stack starts is not restarted: `ng_run` exits with its error.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import socket
 import signal
 import subprocess
 import sys
@@ -26,7 +33,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from nemo_gym import PARENT_DIR
-from nemo_gym.config.types import ServerInstanceSpec
+from nemo_gym.config.types import RestartPolicy, ServerInstanceSpec
 from nemo_gym.errors import NeMoGymConfigError, did_you_mean
 from nemo_gym.runtime.venvs import VenvBuildError
 
@@ -36,6 +43,10 @@ SUPERVISE_INTERVAL_S = 0.2
 DEFAULT_READY_TIMEOUT_S = 600.0
 SIGINT_GRACE_S = 5.0
 SIGTERM_GRACE_S = 3.0
+RESTART_HEALTH_TIMEOUT_S = 1.0
+
+# ServerProcess.state
+STARTING, READY, WAITING, RESTARTING, FAILED = "starting", "ready", "waiting_to_restart", "restarting", "failed"
 
 
 class ServerCrashed(RuntimeError):
@@ -53,6 +64,20 @@ class ServerProcess:
     ready: bool = False
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: Optional[threading.Thread] = None
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
+    # Kept open for the stack's lifetime: a restarted child serves the same socket, and connections made
+    # meanwhile queue in it. Closed when the server is marked failed.
+    sock: Optional[socket.socket] = None
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    state: str = STARTING
+    restarts: int = 0
+    restart_times: collections.deque = field(default_factory=collections.deque)
+    last_exit_code: Optional[int] = None
+    last_exit_time: Optional[float] = None
+    next_restart_at: float = 0.0
+    health_failures: int = 0
+    kill_reason: Optional[str] = None
 
     @property
     def url(self) -> str:
@@ -73,16 +98,47 @@ class ServerProcess:
             "pid": self.popen.pid if self.popen else None,
             "config_path": self.spec.server_id,
             "start_time": self.start_time,
+            "state": self.state,
+            "restarts": self.restarts,
+            "last_exit_code": self.last_exit_code,
+            "last_exit_time": self.last_exit_time,
         }
 
-    def crash_report(self) -> str:
+    def exit_report(self) -> str:
+        """Which server exited, with what code (and why, when `ng_run` killed it), and its last output lines."""
         code = self.popen.returncode if self.popen else None
+        why = f" ({self.kill_reason})" if self.kill_reason else ""
         lines = "\n".join(f"    {line}" for line in self.tail) or "    (no output)"
         return (
-            f"Server '{self.spec.server_id}' ({self.spec.server_type}/{self.spec.impl}) exited with code {code}.\n"
-            f"  Last lines of its output:\n{lines}\n"
-            f"  Fix the error above, then run ng_run again."
+            f"Server '{self.spec.server_id}' ({self.spec.server_type}/{self.spec.impl}) exited with code {code}{why}.\n"
+            f"  Last lines of its output:\n{lines}"
         )
+
+    def crash_report(self) -> str:
+        return f"{self.exit_report()}\n  Fix the error above, then run ng_run again."
+
+
+def restart_delay(policy: RestartPolicy, recent_restarts: int) -> float:
+    """Seconds to wait before the next restart, given how many restarts the window already holds."""
+    return min(policy.backoff_max_s, policy.backoff_s * 2.0 ** min(recent_restarts, 60))
+
+
+def restart_policy_for(global_config: Any, spec: ServerInstanceSpec) -> RestartPolicy:
+    """The global `restart_policy` with the server block's own keys on top."""
+    from nemo_gym.config.types import validate_server_config
+
+    def as_dict(node: Any) -> dict:
+        if node is None:
+            return {}
+        if isinstance(node, DictConfig):
+            return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+        return dict(node)
+
+    merged = {**as_dict(global_config.get("restart_policy")), **as_dict(spec.config.get("restart_policy"))}
+    return validate_server_config(
+        RestartPolicy, merged, server_id=spec.server_id,
+        key_path=f"{spec.server_id}.{spec.server_type}.{spec.impl}.restart_policy",
+    )  # type: ignore[return-value]
 
 
 def resolve_server_dir(spec: ServerInstanceSpec, cwd: Path) -> Path:
@@ -129,6 +185,9 @@ class RunHelper:
         self.head = None
         self.ray_handle = None
         self._stop_requested = threading.Event()
+        self._stop_supervision = threading.Event()
+        self._supervisor: Optional[threading.Thread] = None
+        self.ready_timeout_s = float(global_config.get("ready_timeout_s", DEFAULT_READY_TIMEOUT_S))
         self._print_lock = threading.Lock()
 
     # ----------------------------------------------------------------------------------------------- output
@@ -138,14 +197,15 @@ class RunHelper:
             self.out.flush()
 
     def _forward_output(self, server: ServerProcess) -> None:
-        assert server.popen is not None and server.popen.stdout is not None
+        popen = server.popen  # this process's pipe, even once a restart has replaced `server.popen`
+        assert popen is not None and popen.stdout is not None
         prefix = f"({server.spec.server_id}) "
-        for raw in iter(server.popen.stdout.readline, b""):
+        for raw in iter(popen.stdout.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             server.tail.append(line)
             # Children prefix their own lines; output from before that (venv, import errors) gets ours.
             self.say(line if line.startswith(prefix) else prefix + line)
-        server.popen.stdout.close()
+        popen.stdout.close()
 
     # ------------------------------------------------------------------------------------------------ start
     def prepare(self) -> None:
@@ -163,7 +223,12 @@ class RunHelper:
             port = spec.config.get("port")
             if port is None:
                 raise NeMoGymConfigError(f"Server '{spec.server_id}' has no port (the config was not allocated).")
-            self.servers.append(ServerProcess(spec=spec, server_dir=server_dir, host=host, port=int(port)))
+            self.servers.append(
+                ServerProcess(
+                    spec=spec, server_dir=server_dir, host=host, port=int(port),
+                    policy=restart_policy_for(self.cfg, spec),
+                )
+            )
         self._reserve_explicit_ports()
 
     def _reserve_explicit_ports(self) -> None:
@@ -269,28 +334,34 @@ class RunHelper:
         commands = self._python_commands()
         config_yaml = OmegaConf.to_yaml(self.cfg)
         for server in self.servers:
-            sock = take_reserved_socket(server.host, server.port)
-            fd = sock.fileno() if sock is not None else None
+            server.sock = take_reserved_socket(server.host, server.port)
+            fd = server.sock.fileno() if server.sock is not None else None
             entrypoint = str(server.spec.config.get("entrypoint"))
-            argv = [*commands[server.spec.server_id], entrypoint]
-            server.start_time = time.time()
-            server.popen = subprocess.Popen(
-                argv,
-                cwd=server.server_dir,
-                env=self._child_env(server, config_yaml, fd),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                pass_fds=(fd,) if fd is not None else (),
-                start_new_session=True,
-            )
-            if sock is not None:
-                # The child holds its own copy now; ours would keep the port open after the child dies.
-                sock.close()
-            server.reader = threading.Thread(
-                target=self._forward_output, args=(server,), name=f"out-{server.spec.server_id}", daemon=True
-            )
-            server.reader.start()
+            server.argv = [*commands[server.spec.server_id], entrypoint]
+            server.env = self._child_env(server, config_yaml, fd)
+            self._spawn(server)
+
+    def _spawn(self, server: ServerProcess) -> None:
+        """Start (or restart) the server's process on its socket, with the argv and environment of the first start."""
+        fd = server.sock.fileno() if server.sock is not None else None
+        server.tail.clear()
+        server.kill_reason = None
+        server.health_failures = 0
+        server.start_time = time.time()
+        server.popen = subprocess.Popen(
+            server.argv,
+            cwd=server.server_dir,
+            env=server.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(fd,) if fd is not None else (),
+            start_new_session=True,
+        )
+        server.reader = threading.Thread(
+            target=self._forward_output, args=(server,), name=f"out-{server.spec.server_id}", daemon=True
+        )
+        server.reader.start()
 
     def check_children(self) -> None:
         for server in self.servers:
@@ -318,6 +389,9 @@ class RunHelper:
                     except httpx.HTTPError:
                         pass
                 if all(s.ready for s in self.servers):
+                    for s in self.servers:
+                        s.state = READY
+                    self.start_supervision()
                     return time.monotonic() - t0
                 now = time.monotonic()
                 if now - t0 > timeout_s:
@@ -383,6 +457,9 @@ class RunHelper:
                 pass
 
     def shutdown(self) -> None:
+        self._stop_supervision.set()  # no restarts while stopping
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=30)
         started = [s for s in self.servers if s.popen is not None]
         if started:
             self.say(f"Stopping {len(started)} server(s)...")
@@ -396,6 +473,8 @@ class RunHelper:
             for server in started:
                 if server.reader is not None:
                     server.reader.join(timeout=2)
+        for server in self.servers:
+            self._close_socket(server)
         if self.head is not None:
             self.head.stop()
         from nemo_gym.config.ports import release_all
@@ -407,12 +486,153 @@ class RunHelper:
             shutdown_ray(self.ray_handle)
             self.ray_handle = None
 
+    # ---------------------------------------------------------------------------------------- self-healing
+    @staticmethod
+    def _close_socket(server: ServerProcess) -> None:
+        if server.sock is not None:
+            server.sock.close()
+            server.sock = None
+
+    @staticmethod
+    def _kill_group(server: ServerProcess) -> None:
+        if server.popen is not None:
+            try:
+                os.killpg(server.popen.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _kill_unhealthy(self, server: ServerProcess, reason: str) -> None:
+        """Kill a server that is alive but not serving; its exit is then handled (and restarted) like a crash."""
+        if server.kill_reason is None:
+            server.kill_reason = reason
+            self.say(f"WARNING: server '{server.spec.server_id}' {reason}: killing it (pid {server.popen.pid}).")
+            self._kill_group(server)
+
+    def _on_exit(self, server: ServerProcess, now: float) -> None:
+        """A ready server's process exited: schedule its restart, or mark it failed once the budget is spent."""
+        self._kill_group(server)  # workers or grandchildren left behind must not keep serving the socket
+        if server.reader is not None:
+            server.reader.join(timeout=2)
+        server.last_exit_code = server.popen.returncode
+        server.last_exit_time = time.time()
+        policy = server.policy
+        while server.restart_times and now - server.restart_times[0] > policy.window_s:
+            server.restart_times.popleft()
+        recent = len(server.restart_times)
+        if recent >= policy.max_restarts:
+            server.state = FAILED
+            self._close_socket(server)  # clients now get a connection error at once instead of waiting
+            self.say(
+                f"ERROR: {server.exit_report()}\n  Restart budget spent ({recent} restart(s) within "
+                f"{policy.window_s:g} s, restart_policy.max_restarts={policy.max_restarts}): server "
+                f"'{server.spec.server_id}' is marked failed and stays down (ng_status shows it). Fix the error "
+                f"above, then run ng_run again."
+            )
+            return
+        delay = restart_delay(policy, recent)
+        server.restart_times.append(now)
+        server.restarts += 1
+        server.next_restart_at = now + delay
+        server.state = WAITING
+        self.say(
+            f"WARNING: {server.exit_report()}\n  Restarting it on {server.url} in {delay:.1f} s "
+            f"(restart {recent + 1} of at most {policy.max_restarts} within {policy.window_s:g} s)."
+        )
+
+    def _supervise_one(self, server: ServerProcess, client: Any, now: float) -> None:
+        import httpx
+
+        if server.state == FAILED:
+            return
+        if server.state == WAITING:
+            if now >= server.next_restart_at:
+                self._spawn(server)
+                server.state = RESTARTING
+            return
+        if server.popen is not None and server.popen.poll() is not None:
+            self._on_exit(server, now)
+            return
+        if server.state == RESTARTING:
+            try:
+                healthy = client.get(server.url + "/health").status_code == 200
+            except httpx.HTTPError:
+                healthy = False
+            if healthy:
+                server.state = READY
+                self.say(
+                    f"Server '{server.spec.server_id}' restarted and healthy again (pid {server.popen.pid}, "
+                    f"{server.restarts} restart(s) so far)."
+                )
+            elif time.time() - server.start_time > self.ready_timeout_s:
+                self._kill_unhealthy(server, f"did not answer /health within {self.ready_timeout_s:g} s of restarting")
+            return
+        if server.health_failures >= server.policy.health_check_failures:
+            self._kill_unhealthy(
+                server, f"stopped answering /health ({server.health_failures} checks in a row failed)"
+            )
+
+    def _health_monitor(self) -> None:
+        """Daemon thread: check each ready server's `/health` on its policy's interval and count failures in a
+        row. The supervisor loop acts on the count; a result is dropped if the process changed meanwhile."""
+        import httpx
+
+        next_check: dict[str, float] = {}
+        with httpx.Client(trust_env=False) as client:
+            while not self._stop_supervision.wait(SUPERVISE_INTERVAL_S):
+                for server in self.servers:
+                    now = time.monotonic()
+                    sid = server.spec.server_id
+                    if server.state != READY or server.popen is None:
+                        next_check.pop(sid, None)
+                        continue
+                    due = next_check.setdefault(sid, now + server.policy.health_check_interval_s)
+                    if now < due:
+                        continue
+                    next_check[sid] = now + server.policy.health_check_interval_s
+                    popen = server.popen
+                    try:
+                        ok = client.get(
+                            server.url + "/health", timeout=server.policy.health_check_timeout_s
+                        ).status_code == 200
+                    except httpx.HTTPError:
+                        ok = False
+                    if server.popen is popen and server.state == READY:
+                        server.health_failures = 0 if ok else server.health_failures + 1
+
+    def failed_servers(self) -> list[ServerProcess]:
+        return [s for s in self.servers if s.state == FAILED]
+
+    def _supervise_loop(self) -> None:
+        import httpx
+
+        monitor = threading.Thread(target=self._health_monitor, name="nemo_gym-health", daemon=True)
+        monitor.start()
+        with httpx.Client(timeout=RESTART_HEALTH_TIMEOUT_S, trust_env=False) as client:
+            while not self._stop_supervision.wait(SUPERVISE_INTERVAL_S):
+                now = time.monotonic()
+                for server in self.servers:
+                    try:
+                        self._supervise_one(server, client, now)
+                    except Exception as exc:  # e.g. the restart itself failed (OSError): stop trying, say why
+                        server.state = FAILED
+                        self._close_socket(server)
+                        self.say(f"ERROR: could not restart server '{server.spec.server_id}': {exc!r}; marked failed.")
+
+    def start_supervision(self) -> None:
+        """Restart servers that exit or hang, from a thread, until `shutdown` (see the module docstring). Started
+        by `wait_until_ready` once every server is up, so whoever starts a stack gets it (ng_run, e2e collection)."""
+        if self._supervisor is None:
+            self._supervisor = threading.Thread(target=self._supervise_loop, name="nemo_gym-supervisor", daemon=True)
+            self._supervisor.start()
+
     def supervise(self) -> None:
-        """Block until a stop is requested (returns) or a child dies (raises ServerCrashed)."""
+        """Block until a stop is requested; servers are restarted meanwhile by the supervision thread."""
+        self.start_supervision()
         while not self._stop_requested.wait(SUPERVISE_INTERVAL_S):
-            self.check_children()
             if self.head is not None and not self.head.is_alive():
                 raise ServerCrashed("The head server thread stopped unexpectedly.")
+            if self._supervisor is not None and not self._supervisor.is_alive():
+                raise ServerCrashed("The supervision thread stopped unexpectedly.")
 
 
 def run_stack(global_config: DictConfig, *, out=None) -> int:
@@ -432,9 +652,13 @@ def run_stack(global_config: DictConfig, *, out=None) -> int:
         # Servers first: they need only their config, and their start-up overlaps the head server's.
         helper.start_servers()
         helper.start_head()
-        seconds = helper.wait_until_ready(float(global_config.get("ready_timeout_s", DEFAULT_READY_TIMEOUT_S)))
+        seconds = helper.wait_until_ready(helper.ready_timeout_s)
         helper.print_ready_table(seconds)
         helper.supervise()
+        failed = helper.failed_servers()
+        if failed:
+            helper.say(f"ERROR: {len(failed)} server(s) had failed: {', '.join(s.spec.server_id for s in failed)}.")
+            return 1
         return 0
     except KeyboardInterrupt:
         return 0

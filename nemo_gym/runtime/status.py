@@ -1,4 +1,7 @@
-"""`ng_status`: ask the head server which servers run, then check each one's `/health`."""
+"""`ng_status`: ask the head server which servers run, then check each one's `/health`.
+
+Besides health it shows what `ng_run`'s supervision did: the server's state (ready, restarting, failed), how often
+it was restarted, the exit code of its last process, and the uptime of its current process."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ def format_uptime(seconds: float) -> str:
 
 
 def fetch_status(head_host: str, head_port: int) -> list[dict[str, Any]]:
-    """Instances from the head server, each with `healthy` (bool) and `uptime` added.
+    """Instances from the head server, each with `healthy` (bool) and `uptime` added (`-` for a failed server).
 
     Raises ConnectionError with a hint when the head server does not answer."""
     head = f"http://{head_host}:{head_port}"
@@ -31,11 +34,12 @@ def fetch_status(head_host: str, head_port: int) -> list[dict[str, Any]]:
             ) from None
         now = time.time()
         for inst in instances:
+            failed = inst.get("state") == "failed"
             try:
-                inst["healthy"] = client.get(f"{inst['url']}/health", timeout=2.0).status_code == 200
+                inst["healthy"] = not failed and client.get(f"{inst['url']}/health", timeout=2.0).status_code == 200
             except httpx.HTTPError:
                 inst["healthy"] = False
-            inst["uptime"] = format_uptime(now - float(inst.get("start_time") or now))
+            inst["uptime"] = "-" if failed else format_uptime(now - float(inst.get("start_time") or now))
     return instances
 
 
@@ -44,10 +48,11 @@ def print_status(instances: list[dict[str, Any]], out: TextIO) -> None:
     from rich.table import Table
 
     table = Table(show_edge=False)
-    for col in ("", "server", "kind", "implementation", "URL", "PID", "uptime"):
+    for col in ("", "server", "kind", "implementation", "URL", "PID", "state", "restarts", "last exit", "uptime"):
         table.add_column(col)
     for inst in instances:
         mark = "[green]✓[/green]" if inst["healthy"] else "[red]✗[/red]"
+        last_exit = inst.get("last_exit_code")
         table.add_row(
             mark,
             str(inst.get("process_name")),
@@ -55,9 +60,15 @@ def print_status(instances: list[dict[str, Any]], out: TextIO) -> None:
             str(inst.get("name")),
             str(inst.get("url")),
             str(inst.get("pid")),
+            str(inst.get("state", "-")),
+            str(inst.get("restarts", 0)),
+            "-" if last_exit is None else str(last_exit),
             inst["uptime"],
         )
-    console = Console(file=out, width=140)
+    console = Console(file=out, width=200)  # wide enough that no server name or URL is cut
     console.print(table)
     healthy = sum(1 for i in instances if i["healthy"])
     console.print(f"{healthy} / {len(instances)} servers healthy")
+    failed = [str(i.get("process_name")) for i in instances if i.get("state") == "failed"]
+    if failed:
+        console.print(f"failed (restart budget spent, stays down until ng_run is restarted): {', '.join(failed)}")

@@ -130,16 +130,17 @@ def test_server_crash_at_start_is_reported_and_exits_nonzero():
     assert port_is_free(head_port)
 
 
-def test_server_crash_after_ready_stops_the_stack(fake_backend):
+def test_server_crash_after_ready_without_restarts_marks_it_failed_and_exits_1(fake_backend):
+    # Restarts are tested in test_self_healing.py; with none allowed the crash is reported and ng_run exits 1.
     head_port = free_port()
-    stack = Stack(stack_args(fake_backend, head_port))
+    stack = Stack([*stack_args(fake_backend, head_port), "+restart_policy.max_restarts=0"])
     try:
         stack.wait_for("All 3 / 3 servers ready!")
         victim = next(i for i in server_instances(head_port) if i["process_name"] == "counter_resources_server")
         os.kill(victim["pid"], signal.SIGKILL)
-        code = stack.proc.wait(timeout=60)
+        stack.wait_for("Restart budget spent", timeout=60)
     finally:
-        stack.stop()
+        code = stack.stop()
     assert code == 1
     assert "Server 'counter_resources_server'" in stack.output
     assert "exited with code -9" in stack.output

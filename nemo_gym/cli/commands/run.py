@@ -11,8 +11,10 @@ EXAMPLE = 'ng_run "+config_paths=[configs/quickstart.yaml]"'
 
 class RunConfig(GlobalKeys):
     """Start the head server and each server block of the merged config as its own process, wait until every one
-    answers /health ("servers ready!"), then supervise them; Ctrl-C or SIGTERM stops them all, a crash of one
-    stops the rest and exits 1. Model configs also read policy_base_url, policy_api_key and policy_model_name
+    answers /health ("servers ready!"), then supervise them; Ctrl-C or SIGTERM stops them all. A server that
+    crashes while starting stops the rest and exits 1; one that exits or stops answering /health later is restarted
+    on the same address (restart_policy), and marked failed (ng_status shows it, exit 1 at the end) once its
+    restart budget is spent. Model configs also read policy_base_url, policy_api_key and policy_model_name
     (usually set in env.yaml)."""
 
 

@@ -13,7 +13,8 @@ from nemo_gym.config.types import BaseNeMoGymCLIConfig
 
 class StatusConfig(BaseNeMoGymCLIConfig):
     """Ask the head server of a running stack for its servers, check each one's /health and print a table.
-    Exits 1 when a server is unhealthy or no head server answers."""
+    Shows each server's state (ready, restarting, failed), restarts, last exit code and uptime.
+    Exits 1 when a server is unhealthy or failed, or no head server answers."""
 
     head_server: HeadServerKeys = Field(
         default_factory=HeadServerKeys,
