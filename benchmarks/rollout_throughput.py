@@ -14,6 +14,7 @@ Each rollout is one `/run`: seed, model call -> get_weather tool call, model cal
     python benchmarks/rollout_throughput.py --in-flight 16,256 --latency-ms 50
 
 Run it on a quiet machine: the 2 cores are shared by the stack, the fake LLM and the load generator.
+`benchmarks/floor_vs_stack.py` runs the same load against this stack and the bare-asyncio floor side by side.
 """
 
 from __future__ import annotations

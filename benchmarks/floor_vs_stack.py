@@ -1,0 +1,113 @@
+"""Issue 11: the real stack measured against the bare-asyncio floor, side by side, by one harness.
+
+Starts one fake LLM (`nemo_gym.testing.fake_openai_server`, default script: a `get_weather` call, then a message),
+then the floor (`benchmarks/floor_stack.py`: agent, model proxy, resources on bare asyncio streams) and the real
+stack (`ng_run` of example_single_tool_call + openai_model + simple_agent), both pointed at that LLM. For each
+in-flight level it drives the floor, then the stack, with the same load generator (`drive` from
+`rollout_throughput.py`: `/run` calls with the first row of example.jsonl) and prints one table:
+
+- CPU ms per rollout = user + system CPU seconds of the three server processes (not the fake LLM, not the load
+  generator) / rollouts, for the floor and the stack, and their ratio (stack / floor);
+- rollouts per second (wall) of each, and their ratio (floor / stack);
+- the stack's CPU ms per rollout per process (agent, model proxy, resources), and for reference the fake LLM's
+  and the load generator's under each (on 2 cores they bound the floor's rollouts/s).
+
+Levels alternate between floor and stack so both see the same background load. The 2 cores are shared by the
+servers, the fake LLM and the load generator, so rollouts/s is a lower bound on a busy machine; CPU per rollout is
+the steadier figure.
+
+    python benchmarks/floor_vs_stack.py --in-flight 1,16,256,1024 --rollouts 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from floor_stack import start_floor, stop_floor
+from rollout_throughput import AGENT, CONFIGS, REPO, drive, load_row
+
+from nemo_gym.testing.stack import (
+    FakeLLMBackend,
+    NgRunStack,
+    cpu_seconds,
+    fake_llm_overrides,
+    free_port,
+    server_instances,
+)
+
+
+def measure(procs: dict, backend: psutil.Process, url: str, row: dict, total: int, level: int) -> dict:
+    """Drive `total` rollouts at `level` in flight; CPU ms per rollout of each of `procs` and of the backend."""
+    before = {name: cpu_seconds(p) for name, p in procs.items()}
+    backend0, me, driver0 = cpu_seconds(backend), psutil.Process(), cpu_seconds(psutil.Process())
+    wall, _, failures = asyncio.run(drive(url, row, total, level))
+    cpu = {name: (cpu_seconds(p) - before[name]) * 1000 / total for name, p in procs.items()}
+    return {"rps": total / wall, "cpu": sum(cpu.values()), "per_process": cpu, "failures": failures,
+            "llm": (cpu_seconds(backend) - backend0) * 1000 / total, "driver": (cpu_seconds(me) - driver0) * 1000 / total}
+
+
+def role(process_name: str) -> str:
+    return "agent" if process_name == AGENT else "model" if "model" in process_name else "resources"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--in-flight", default="1,16,256,1024")
+    parser.add_argument("--rollouts", type=int, default=2000, help="rollouts per level (at least the level)")
+    parser.add_argument("--sequential", type=int, default=None, help="rollouts at 1 in flight (default: --rollouts)")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="fake LLM latency per call")
+    parser.add_argument("--pool", type=int, default=64, help="floor: keep-alive connections per peer, at most")
+    args = parser.parse_args()
+    levels = [int(x) for x in args.in_flight.split(",") if x]
+
+    row = load_row()
+    head_port = free_port()
+    with FakeLLMBackend("--tool-args", '{"city": "Oslo"}', "--latency-ms", str(args.latency_ms)) as backend:
+        backend_proc = psutil.Process(backend.proc.pid)
+        floor = start_floor(backend.url, pool=args.pool)
+        stack = NgRunStack(fake_llm_overrides(CONFIGS, backend.base_url, head_port), cwd=REPO)
+        try:
+            stack.wait_for("servers ready!", timeout=180)
+            instances = server_instances(head_port)
+            runs = {
+                "floor": (floor["url"], {n: psutil.Process(floor[n].proc.pid) for n in ("agent", "model", "resources")}),
+                "stack": (next(i["url"] for i in instances if i["process_name"] == AGENT) + "/run",
+                          {role(i["process_name"]): psutil.Process(i["pid"]) for i in instances}),
+            }
+            for url, _ in runs.values():  # warm-up
+                asyncio.run(drive(url, row, 200, 16))
+            results = []
+            for level in levels:
+                total = max(args.sequential or args.rollouts, 1) if level == 1 else max(args.rollouts, level)
+                r = {"level": level, "total": total}
+                for name, (url, procs) in runs.items():
+                    r[name] = measure(procs, backend_proc, url, row, total, level)
+                    time.sleep(0.5)
+                results.append(r)
+                print(f"  done: {level} in flight", file=sys.stderr, flush=True)
+        finally:
+            stop_floor(floor)
+            stack.stop(timeout=60)
+
+    print(f"fake LLM latency {args.latency_ms:g} ms; CPU = ms per rollout, user+system, of the 3 server processes")
+    print(f"{'in flight':>9} {'rollouts':>8} | {'floor CPU':>9} {'stack CPU':>9} {'ratio':>6} | {'floor r/s':>9} "
+          f"{'stack r/s':>9} {'ratio':>6} | {'agent':>6} {'model':>6} {'resrc':>6} | {'LLM f/s':>11} {'driver f/s':>11} {'fail f/s':>8}")
+    for r in results:
+        f, s = r["floor"], r["stack"]
+        p = s["per_process"]
+        print(f"{r['level']:>9} {r['total']:>8} | {f['cpu']:>9.2f} {s['cpu']:>9.2f} {s['cpu'] / f['cpu']:>5.1f}x | "
+              f"{f['rps']:>9.0f} {s['rps']:>9.0f} {f['rps'] / s['rps']:>5.1f}x | {p['agent']:>6.2f} {p['model']:>6.2f} "
+              f"{p['resources']:>6.2f} | {f['llm']:>5.2f}/{s['llm']:<5.2f} {f['driver']:>5.2f}/{s['driver']:<5.2f} {f['failures']:>4}/{s['failures']:<3}")
+    print("ratio: stack CPU / floor CPU, floor rollouts/s / stack rollouts/s; agent/model/resrc: the stack's CPU "
+          "per process; LLM, driver: CPU ms per rollout of the fake LLM and of the load generator under floor / stack")
+
+
+if __name__ == "__main__":
+    main()
