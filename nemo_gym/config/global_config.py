@@ -479,8 +479,8 @@ def _warn_blocks_defined_twice(file_cfgs: list[tuple[Path, DictConfig]]) -> None
     merged over the earlier, which is what an override file wants and a copy-paste slip does not."""
     first_file: dict[str, Path] = {}
     for path, file_cfg in file_cfgs:
-        for key in file_cfg.keys():
-            if _is_reserved(key) or not _has_server_type_key(file_cfg.get(key)):
+        for key, value in OmegaConf.to_container(file_cfg, resolve=False).items():
+            if _is_reserved(key) or not _has_server_type_key(value):
                 continue
             if str(key) in first_file:
                 sys.stderr.write(
