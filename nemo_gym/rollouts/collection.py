@@ -529,22 +529,6 @@ def read_finished_keys(path: Path) -> tuple[set[int], int]:
         else:
             bad += 1
     return keys, bad
-    with open(path, "rb") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = orjson.loads(line)
-                task, rollout = row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]
-            except Exception:
-                bad += 1
-                continue
-            if isinstance(task, int) and isinstance(rollout, int):
-                keys.add(_key(task, rollout))
-            else:
-                bad += 1
-    return keys, bad
 
 
 def iter_pending_rows(materialized_path: Path, finished: Optional[set[int]] = None) -> Iterator[dict]:
