@@ -137,7 +137,12 @@ def check_list(r: SandboxResult, w: World) -> None:
     assert TOKEN not in json.dumps(list(out.values()))
     assert "etc" not in out["/"] and "home" not in out["/"] and "var" not in out["/"], out["/"]
     assert out["/etc"] == out["/home"] == out["/var"] == "ENOENT"
-    assert out["/tmp"] == ["nemo_gym_sandbox"]  # only the way to the scratch directory
+    # Only the ways to what the view allows: the scratch directory, and the interpreter when it lives under /tmp
+    # (a CI venv in a temp dir).
+    paths = [*r.enforced["view"], os.path.abspath(sys.executable)]
+    allowed_under_tmp = sorted({p.split("/")[2] for p in paths if p.startswith("/tmp/")})
+    assert "nemo_gym_sandbox" in allowed_under_tmp
+    assert out["/tmp"] == allowed_under_tmp
     workdir = next(p for p in r.enforced["view"] if p.endswith("/work"))
     # Only this sandbox's own directory: not the other sandboxes' scratch directories, not the slot locks.
     assert out["/tmp/nemo_gym_sandbox"] == [os.path.basename(os.path.dirname(workdir))]
