@@ -463,7 +463,7 @@ def _is_reserved(key: Any) -> bool:
 def _looks_like_server_block(value: Any) -> bool:
     """A top-level dict with a server-type key whose implementation dict has an `entrypoint`:
     a server, or an almost-server if it then fails validation."""
-    if not isinstance(value, Mapping) or not any(t in value for t in SERVER_TYPES):
+    if not isinstance(value, Mapping) or not _has_server_type_key(value):
         return False
     for server_type in SERVER_TYPES:
         impls = value.get(server_type)
