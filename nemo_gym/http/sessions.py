@@ -16,7 +16,11 @@ Differences from the reference (NeMo Gym v0.2):
   (`get_session_secret()`), shared with a server's own uvicorn workers through an environment variable that
   the workers remove on start-up.
 * A cookie that fails verification (forged, tampered, truncated, signed by a previous launch or by
-  another server) is treated as absent: the request gets a fresh session. It is never an error.
+  another server) is treated as absent: the request gets a fresh session. A stateful server (resources
+  servers) can instead ask for `refuse_unknown_cookies`: every path but the seeding ones then answers 409,
+  because such a cookie means the rollout's state lived in a process that is gone (the server restarted),
+  and continuing on an empty session would grade half a rollout. The caller reruns the rollout from its
+  seed.
 * The `Set-Cookie` header is sent on **every** HTTP response (the reference needs an extra middleware that
   rewrites `session_id` on each request to get the same effect), so callers that thread cookies by hand
   (`cookies=response.cookies`) always keep the session.
@@ -191,8 +195,12 @@ class SessionCookieMiddleware:
         path: str = "/",
         same_site: str = "lax",
         https_only: bool = False,
+        refuse_unknown_cookies: bool = False,
+        seed_paths: tuple[str, ...] = ("/seed_session",),
     ) -> None:
         self.app = app
+        self.refuse_unknown_cookies = refuse_unknown_cookies
+        self.seed_paths = frozenset(seed_paths)
         self.cookie_name = cookie_name
         self.secret = get_session_secret() if secret is None else secret
         self._mac = _HmacSha256(self.secret)
@@ -211,9 +219,11 @@ class SessionCookieMiddleware:
             b"; expires=Thu, 01 Jan 1970 00:00:00 GMT; Max-Age=0; httponly"
         )
 
-    def _load(self, headers: Any) -> tuple[dict, Optional[bytes], Optional[bytes]]:
-        """(session, raw cookie value, its decoded JSON) from the request headers."""
+    def _load(self, headers: Any) -> tuple[dict, Optional[bytes], Optional[bytes], bool]:
+        """(session, raw cookie value, its decoded JSON, whether a cookie of this name failed verification)
+        from the request headers."""
         name_eq = self._name_eq
+        unknown = False
         for key, value in headers:
             if key != b"cookie" or name_eq not in value:
                 continue
@@ -225,8 +235,9 @@ class SessionCookieMiddleware:
                         raw = raw[1:-1]
                     found = _verify(raw, self._name, self._mac)
                     if found is not None:
-                        return found[0], raw, found[1]
-        return {}, None, None
+                        return found[0], raw, found[1], False
+                    unknown = True
+        return {}, None, None, unknown
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         scope_type = scope["type"]
@@ -234,7 +245,10 @@ class SessionCookieMiddleware:
             await self.app(scope, receive, send)
             return
 
-        session, raw, data = self._load(scope["headers"])
+        session, raw, data, unknown = self._load(scope["headers"])
+        if unknown and self.refuse_unknown_cookies and scope_type == "http" and scope["path"] not in self.seed_paths:
+            await self._refuse(send)
+            return
         if SESSION_ID_KEY not in session:
             session[SESSION_ID_KEY] = uuid4().hex
         scope["session"] = session
@@ -262,3 +276,21 @@ class SessionCookieMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_cookie)
+
+    async def _refuse(self, send: Any) -> None:
+        """409: the cookie names a session this process never issued (see the module docstring)."""
+        body = orjson.dumps(
+            {
+                "detail": f"session cookie {self.cookie_name!r} was not issued by this server process (it restarted "
+                "since the rollout was seeded, or the cookie belongs to another launch); its session state is "
+                "gone, so start the rollout again from /seed_session"
+            }
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 409,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

@@ -447,6 +447,8 @@ class SimpleServer(BaseServer):
     # Flags on `app.state` that make the setup steps idempotent.
     _SESSION_FLAG: ClassVar[str] = "nemo_gym_session_middleware_installed"
     _PREPARED_FLAG: ClassVar[str] = "nemo_gym_app_prepared"
+    # Stateful servers answer 409 to a session cookie this process did not issue (see `http/sessions.py`).
+    refuse_unknown_session_cookies: ClassVar[bool] = False
 
     @abstractmethod
     def setup_webserver(self) -> FastAPI:
@@ -475,7 +477,11 @@ class SimpleServer(BaseServer):
         if getattr(app.state, self._SESSION_FLAG, False):
             return
         setattr(app.state, self._SESSION_FLAG, True)
-        app.add_middleware(SessionCookieMiddleware, cookie_name=self.get_session_cookie_name())
+        app.add_middleware(
+            SessionCookieMiddleware,
+            cookie_name=self.get_session_cookie_name(),
+            refuse_unknown_cookies=self.refuse_unknown_session_cookies,
+        )
 
     # -- the rest of the app -------------------------------------------------------------------------------
 

@@ -80,6 +80,10 @@ class BaseResourcesServer(BaseServer):
 class SimpleResourcesServer(BaseResourcesServer, SimpleServer):
     """A resources server as a FastAPI app: `/seed_session`, `/verify`, and the subclass's tool routes."""
 
+    # Per-rollout state lives in this process: a cookie from a process that is gone must not get a fresh,
+    # empty session half-way through a rollout (409 instead; the rollout is rerun from its seed).
+    refuse_unknown_session_cookies = True
+
     def setup_webserver(self) -> FastAPI:
         return self._app_with_post_routes({"/seed_session": self.seed_session, "/verify": self.verify})
 

@@ -155,12 +155,6 @@ def test_killing_the_model_or_agent_server_mid_collection_costs_at_most_its_roll
     assert failed_attempts <= parallel
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: the restarted resources server treats the dead process's session cookie as absent "
-    "(nemo_gym/http/sessions.py) and gives a fresh, empty session, so the rollout continues half-way instead of "
-    "failing and being rerun; needs the middleware to refuse such a cookie (409) outside /seed_session",
-)
 def test_a_rollout_seeded_before_a_resources_server_restart_is_rerun_not_resumed(tmp_path):
     tasks = [row(i + 1) for i in range(4)]
 

@@ -117,9 +117,13 @@ def test_secret_is_random_per_process_and_handed_down_via_env(monkeypatch):
 # Middleware over real HTTP
 
 
-def session_app(cookie_name: str = NAME, secret: bytes = SECRET) -> FastAPI:
+def session_app(cookie_name: str = NAME, secret: bytes = SECRET, **middleware_options) -> FastAPI:
     app = FastAPI()
-    app.add_middleware(SessionCookieMiddleware, cookie_name=cookie_name, secret=secret)
+    app.add_middleware(SessionCookieMiddleware, cookie_name=cookie_name, secret=secret, **middleware_options)
+
+    @app.post("/seed_session")
+    async def seed(request: Request):
+        return dict(request.session)
 
     @app.get("/session")
     async def read(request: Request):
@@ -194,6 +198,24 @@ def test_forged_or_foreign_cookie_gives_a_new_session(url):
         session_id = response.json()[SESSION_ID_KEY]
         assert session_id not in (victim_id, "chosen-by-attacker", "from-another-launch")
         assert decode_session_cookie(response.cookies[NAME], NAME, SECRET) == {SESSION_ID_KEY: session_id}
+
+
+def test_a_stateful_server_refuses_a_cookie_it_did_not_issue_outside_the_seed_path():
+    """After a restart the old process's cookie no longer verifies; a stateful server must not hand the
+    rollout a fresh, empty session half-way (409), but seeding again and cookie-less calls still work."""
+    with live_server(session_app(refuse_unknown_cookies=True)) as url:
+        good = httpx.post(f"{url}/seed_session")
+        old_launch = encode_session_cookie({SESSION_ID_KEY: "seeded-before-restart"}, NAME, b"z" * 32)
+        for bad in (old_launch, "not-a-cookie"):
+            refused = httpx.get(f"{url}/session", cookies={NAME: bad})
+            assert refused.status_code == 409
+            assert "/seed_session" in refused.json()["detail"] and NAME in refused.json()["detail"]
+            reseeded = httpx.post(f"{url}/seed_session", cookies={NAME: bad})
+            assert reseeded.status_code == 200 and reseeded.json()[SESSION_ID_KEY] != "seeded-before-restart"
+        assert httpx.get(f"{url}/session", cookies={NAME: good.cookies[NAME]}).status_code == 200
+        assert httpx.get(f"{url}/session").status_code == 200  # no cookie at all: a fresh session, as before
+        other_server = encode_session_cookie({SESSION_ID_KEY: "x"}, "Other___server", b"z" * 32)
+        assert httpx.get(f"{url}/session", cookies={"Other___server": other_server}).status_code == 200
 
 
 def test_handler_written_values_persist(url):
