@@ -12,6 +12,17 @@ class NeMoGymConfigError(ValueError):
     """
 
     exit_code = 2
+    # Text this error already wrote to stderr as a warning while the config was built (the almost-server
+    # banner); the CLI prints such warnings after the error line and leaves this part out, so it is not said twice.
+    already_reported: str = ""
+
+
+class NeMoGymStackError(NeMoGymConfigError):
+    """The stack a command needs is not there or failed: no head server answers on that port, a server crashed
+    while starting, a server environment could not be built. Printed like a config mistake (one line naming the
+    server, no traceback), but the exit status is 1: the command line itself may be right."""
+
+    exit_code = 1
 
 
 def closest_match(name: str, known: Iterable[str], cutoff: float = 0.6) -> Optional[str]:

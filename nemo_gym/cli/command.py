@@ -8,8 +8,10 @@ Ctrl-C exits 130, no traceback for either).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import io
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -27,6 +29,38 @@ OVERRIDES_ONLY_NOTE = (
     "Keys are Hydra-style overrides (+key=value); no config file or env.yaml is read. A key that is not a parameter "
     "is refused as a likely typo; write ++key=value to pass it anyway."
 )
+
+
+class _HeldStderr(io.StringIO):
+    def __init__(self, real) -> None:
+        super().__init__()
+        self._real = real
+
+    def isatty(self) -> bool:  # warnings keep their colours on a terminal
+        return bool(getattr(self._real, "isatty", lambda: False)())
+
+
+@contextlib.contextmanager
+def _warnings_after_errors():
+    """Hold what is written to stderr while the config is built (warnings). Printed as soon as the build
+    succeeds; when it fails with a `NeMoGymConfigError`, the error line comes first (the first line of stderr
+    always says what is wrong) and `Command.main` prints the held warnings after it."""
+    real = sys.stderr
+    held = _HeldStderr(real)
+    sys.stderr = held
+    try:
+        yield
+    except NeMoGymConfigError as exc:
+        exc.deferred_warnings = held.getvalue()
+        raise
+    except BaseException:
+        real.write(held.getvalue())
+        raise
+    else:
+        real.write(held.getvalue())
+        real.flush()
+    finally:
+        sys.stderr = real
 
 
 @dataclass(frozen=True)
@@ -66,6 +100,11 @@ class Command:
             return self._main(self._positionals(list(args)))
         except NeMoGymConfigError as exc:
             self.error(str(exc))
+            warnings = getattr(exc, "deferred_warnings", "")
+            if exc.already_reported:
+                warnings = warnings.replace(exc.already_reported, "")
+            if warnings.strip():
+                sys.stderr.write(warnings if warnings.endswith("\n") else warnings + "\n")
             return exc.exit_code
         except KeyboardInterrupt:
             return 130
@@ -96,11 +135,12 @@ class Command:
         if self.reads_config_files:
             from nemo_gym.config.global_config import parse_global_config
 
-            cfg = parse_global_config(
-                args,
-                initial_global_config_dict=dict(self.initial_config) if self.initial_config else None,
-                allocate_ports=self.allocate_ports,
-            )
+            with _warnings_after_errors():
+                cfg = parse_global_config(
+                    args,
+                    initial_global_config_dict=dict(self.initial_config) if self.initial_config else None,
+                    allocate_ports=self.allocate_ports,
+                )
         else:
             cfg = overrides_to_dict(overrides)
         check_known_keys(

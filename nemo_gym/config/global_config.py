@@ -93,6 +93,7 @@ __all__ = [
     "load_config_from_env_yaml_text",
     "get_global_config_dict",
     "find_server_instances",
+    "blocks_without_entrypoint",
     "get_first_server_config_dict",
     "resolve_server_config",
     "load_server_config",
@@ -474,6 +475,26 @@ def _looks_like_server_block(value: Any) -> bool:
     return False
 
 
+def blocks_without_entrypoint(cfg: Any) -> list[str]:
+    """`<id>.<server type>.<implementation>` of every top-level block shaped like a server but with no
+    `entrypoint`. As in v0.2 such a block is not a server (it is never started), which is what a user who forgot
+    the line does not expect: `ng_run` names these blocks in its warnings and errors."""
+    data = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    out: list[str] = []
+    for sid, value in (data or {}).items():
+        if _is_reserved(sid) or not _has_server_type_key(value) or _looks_like_server_block(value):
+            continue
+        for server_type in SERVER_TYPES:
+            impls = value.get(server_type)
+            if isinstance(impls, Mapping):
+                out.extend(f"{sid}.{server_type}.{impl}" for impl, c in impls.items() if isinstance(c, Mapping))
+    return out
+
+
+def no_entrypoint_hint(path: str) -> str:
+    return f"`{path}` has no `entrypoint`, so it is not a server; add `entrypoint: app.py` (its script) to it"
+
+
 def _warn_blocks_defined_twice(file_cfgs: list[tuple[Path, DictConfig]]) -> None:
     """Warn, naming both files, when two config files define the same top-level server block: the later one is
     merged over the earlier, which is what an override file wants and a copy-paste slip does not."""
@@ -632,6 +653,9 @@ def _check_refs(data: dict, full: DictConfig, valid: list[str], almost: dict[str
                 msg += f"but `{name}` is a {types_by_id[name]} server, not one of {ref_type}. "
             elif name in almost:
                 msg += f"but `{name}` failed validation: {'; '.join(almost[name])}. "
+            elif name in data and blocks_without_entrypoint({name: data[name]}):
+                path = blocks_without_entrypoint({name: data[name]})[0]
+                msg += f"but `{name}` is not a server block: `{path}` has no `entrypoint`; add `entrypoint: app.py`. "
             elif name in data:
                 msg += (
                     f"but `{name}` is not a server block (a server is "
@@ -643,7 +667,7 @@ def _check_refs(data: dict, full: DictConfig, valid: list[str], almost: dict[str
             hint = did_you_mean(str(name), existing)
             if hint:
                 msg += hint
-            elif not existing and name not in almost:
+            elif not existing and name not in almost and name not in data:
                 msg += " Load a config that defines one via +config_paths=[...]."
             raise NeMoGymConfigError(msg)
 
@@ -724,10 +748,14 @@ def _select(full: DictConfig, key: str, default: Any = None) -> Any:
 
 
 def _as_int(value: Any, key: str) -> int:
+    """A port number read from the config (`key` names it in the error)."""
     try:
-        return int(value)
+        port = int(value)
     except (TypeError, ValueError):
         raise NeMoGymConfigError(f"`{key}` must be an integer port number, got {value!r}.") from None
+    if isinstance(value, bool) or not 0 <= port <= 65535:
+        raise NeMoGymConfigError(f"`{key}` must be a port number from 0 to 65535, got {value!r}.")
+    return port
 
 
 # --------------------------------------------------------------------------------------------------
@@ -856,6 +884,9 @@ def _validate_and_allocate(data: dict, *, allocate_ports: bool) -> DictConfig:
 
     _check_server_kinds(data)
     candidates = [k for k, v in data.items() if not _is_reserved(k) and _looks_like_server_block(v)]
+    if candidates:  # with no server at all, ng_run's "nothing to start" names these blocks itself
+        for path in blocks_without_entrypoint(data):
+            sys.stderr.write(f"warning: {no_entrypoint_hint(path)}.\n")
     for sid in candidates:
         missing = _missing_paths(data[sid], str(sid))
         if missing:
@@ -879,17 +910,25 @@ def _validate_and_allocate(data: dict, *, allocate_ports: bool) -> DictConfig:
     # The almost-server report comes before reference checks: a broken block is the root cause
     # when another server's reference to it fails.
     if almost:
-        sys.stderr.write(_almost_server_banner(almost))
+        banner = _almost_server_banner(almost)
+        sys.stderr.write(banner)
         sys.stderr.flush()
         if truthy(_select(full, ERROR_ON_ALMOST_SERVERS_KEY_NAME, True)):
             details = "\n".join(
                 f"  {name}:\n" + "\n".join(f"    - {p}" for p in problems) for name, problems in almost.items()
             )
-            raise NeMoGymConfigError(
-                f"Found {len(almost)} almost-server(s) with validation errors. These blocks look like "
-                "servers but fail validation, so they would not be started. Fix them, or pass "
-                f"+error_on_almost_servers=false to start the other servers anyway.\n{details}"
+            # The first line names the first broken server and its first problem, so a one-line reader sees it.
+            first, first_problems = next(iter(almost.items()))
+            more = sum(len(p) for p in almost.values()) - 1
+            also = f" (and {more} more problem(s), below)" if more else ""
+            error = NeMoGymConfigError(
+                f"Found {len(almost)} almost-server(s) with validation errors. Server `{first}`: "
+                f"{first_problems[0]}{also}. These blocks look like servers but fail validation, so they would "
+                f"not be started. Fix them, or pass +error_on_almost_servers=false to start the other servers "
+                f"anyway.\n{details}"
             )
+            error.already_reported = banner
+            raise error
 
     _check_refs(data, full, valid, almost)
 
@@ -901,7 +940,7 @@ def _validate_and_allocate(data: dict, *, allocate_ports: bool) -> DictConfig:
     disallowed: list[int] = []
     user_disallowed = _select(full, DISALLOWED_PORTS_KEY_NAME, None) or []
     if not isinstance(user_disallowed, list):
-        raise NeMoGymConfigError(f"disallowed_ports must be a list of ports, e.g. +disallowed_ports=[8000]")
+        raise NeMoGymConfigError("disallowed_ports must be a list of ports, e.g. +disallowed_ports=[8000]")
     disallowed.extend(_as_int(p, DISALLOWED_PORTS_KEY_NAME) for p in user_disallowed)
     if head_port is not None:
         disallowed.append(_as_int(head_port, f"{HEAD_SERVER_KEY_NAME}.port"))

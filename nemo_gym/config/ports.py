@@ -66,6 +66,9 @@ def _try_bind(host: str, port: int) -> Optional[socket.socket]:
         sock.bind(sockaddr)
         sock.listen(LISTEN_BACKLOG)
         return sock
+    except OverflowError:  # a port outside 0-65535 that no config check caught
+        sock.close()
+        raise NeMoGymConfigError(f"Cannot bind {host}:{port}: a port number must be from 0 to 65535.") from None
     except OSError as err:
         sock.close()
         if err.errno in (errno.EADDRINUSE, errno.EACCES):

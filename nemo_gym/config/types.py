@@ -356,10 +356,11 @@ def validate_server_config(
         problems.extend(
             line for line in format_validation_errors(err) if not line.endswith(": Field required")
         )
-        body = "\n".join(f"  - {p}" for p in problems)
-        raise NeMoGymConfigError(
-            f"Server `{server_id}` has an invalid config ({config_cls.__name__}):\n{body}"
-        ) from None
+        head = f"Server `{server_id}` has an invalid config ({config_cls.__name__}): {problems[0] if problems else err}"
+        if len(problems) > 1:
+            body = "\n".join(f"  - {p}" for p in problems)
+            head += f" (and {len(problems) - 1} more problem(s), listed below)\n{body}"
+        raise NeMoGymConfigError(head) from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -588,5 +589,9 @@ class BaseNeMoGymCLIConfig(BaseModel):
                 key, _, reason = (detail[0] if detail else f"{shown}: invalid").partition(": ")
                 msg = f"invalid parameter `+{key}`: {reason}"
             problems.append(msg)
+        # The first line names the (first) parameter at fault; further problems follow, one per line.
+        first = problems[0].rstrip(".")
+        if len(problems) == 1:
+            return f"{first}. Pass +h=true for help."
         body = "\n".join(f"  - {p}" for p in problems)
-        return f"{cls.__name__}: {len(problems)} problem(s) with the command parameters:\n{body}\nPass +h=true for help."
+        return f"{first} (and {len(problems) - 1} more problem(s), listed below). Pass +h=true for help.\n{body}"

@@ -204,11 +204,26 @@ class InputValidationError(NeMoGymConfigError):
     """Problems found in an input file before any rollout started; `problems` lists the first ones,
     `total` counts them all."""
 
-    def __init__(self, problems: list[InputProblem], total: Optional[int] = None, *, what: str = "input"):
+    def __init__(
+        self,
+        problems: list[InputProblem],
+        total: Optional[int] = None,
+        *,
+        what: str = "input",
+        fix: Optional[str] = None,
+    ):
         self.problems = problems
         self.total = len(problems) if total is None else total
-        lines = [f"{self.total} problem(s) in the {what} (no rollout was started):"]
-        lines += [f"  {p}" for p in problems]
+        # The first line is the first bad line as `file:line: what is wrong`, so a one-line reader sees it.
+        first = str(problems[0]) if problems else f"problems in the {what}"
+        if fix is None:
+            fix = "fix or remove the line and rerun" if self.total <= 1 else "fix or remove these lines and rerun"
+        if self.total <= 1:
+            super().__init__(f"{first} (no rollout was started; {fix})")
+            return
+        more = f"and {self.total - 1} more problem(s) in the {what}, listed below"
+        lines = [f"{first} ({more}; no rollout was started; {fix})"]
+        lines += [f"  {p}" for p in problems[1:]]
         if self.total > len(problems):
             lines.append(f"  ... and {self.total - len(problems)} more")
         super().__init__("\n".join(lines))
@@ -389,6 +404,8 @@ def materialize_input_file(
 
     Every line that will be used is checked; if any is bad, nothing is written and `InputValidationError`
     lists the problems (`file:line: ...`). The file is written to a temporary name and renamed at the end."""
+    if input_path.is_dir():
+        raise NeMoGymConfigError(f"+input_jsonl_fpath={input_path} is a folder; give the JSONL file of tasks in it.")
     if not input_path.is_file():
         raise NeMoGymConfigError(f"Input file not found: {input_path} (+input_jsonl_fpath).")
     pre = RowPreprocessor(**preprocessor_options)
@@ -416,6 +433,11 @@ def materialize_input_file(
                     stats.num_rows += 1
         if total_problems:
             raise InputValidationError(problems, total_problems, what=f"input file {input_path}")
+        if stats.num_lines == 0 and (limit is None or limit > 0):
+            raise NeMoGymConfigError(
+                f"{input_path} has no rows (the file is empty or holds only blank lines), so there is nothing to "
+                "collect. Check +input_jsonl_fpath: one JSON object per line, each with `responses_create_params`."
+            )
         os.replace(tmp, materialized_path)
     finally:
         if tmp.exists():
@@ -467,7 +489,9 @@ def validate_materialized_file(
             stats.num_rows += 1
             max_task = max(max_task, row[TASK_INDEX_KEY_NAME])
     if total:
-        raise InputValidationError(problems, total, what=f"materialized inputs {path} (delete it to rebuild)")
+        raise InputValidationError(
+            problems, total, what=f"materialized inputs {path}", fix=f"delete {path} to rebuild it from the input"
+        )
     stats.num_tasks = max_task + 1
     return stats
 
@@ -522,7 +546,11 @@ def read_finished_keys(path: Path) -> tuple[set[int], int]:
         nonlocal bad
         bad += 1
 
-    for row in iter_jsonl_objects(path, count_bad):
+    def tell(where: str) -> None:
+        if bad == 1:  # the first one: where to look (the rest are only counted)
+            _err(f"Warning: {where}; the line is ignored.")
+
+    for row in iter_jsonl_objects(path, count_bad, tell):
         task, rollout = row.get(TASK_INDEX_KEY_NAME), row.get(ROLLOUT_INDEX_KEY_NAME)
         if isinstance(task, int) and isinstance(rollout, int):
             keys.add(_key(task, rollout))
@@ -923,6 +951,36 @@ def _err(text: str) -> None:
     sys.stderr.flush()
 
 
+def check_output_paths(paths: CollectionPaths, input_path: Path) -> None:
+    """Refuse, before any work, an output path that cannot be written or that would overwrite the input (a
+    run without resume starts its output files afresh). A missing output folder is fine: it is created."""
+    out = paths.output
+    if out.is_dir():
+        raise NeMoGymConfigError(
+            f"+output_jsonl_fpath={out} is a folder; give a file path in it, e.g. {out / 'rollouts.jsonl'}."
+        )
+    for parent in (out.parent, *out.parent.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise NeMoGymConfigError(
+                    f"+output_jsonl_fpath={out}: {parent} is a file, not a folder, so the output cannot go there."
+                )
+            break
+    try:
+        same = input_path.exists() and any(
+            p.exists() and os.path.samefile(p, input_path)
+            for p in (out, paths.failures, paths.materialized_inputs, paths.reward_profiling, paths.agent_metrics)
+        )
+    except OSError:
+        same = False
+    if same:
+        raise NeMoGymConfigError(
+            f"+output_jsonl_fpath={out} would overwrite the input file {input_path} (the output and its "
+            f"_materialized_inputs / _failures / _reward_profiling files are written afresh). Choose another "
+            "output path."
+        )
+
+
 def run_from_config(
     config: RolloutCollectionConfig,
     *,
@@ -930,19 +988,22 @@ def run_from_config(
     server_client: Any = None,
     profile: bool = True,
 ) -> int:
-    """Collect rollouts as `config` says and return the exit code (0 ok, 1 some rollouts failed or the stack
-    is unreachable, 130 interrupted). Input problems raise `InputValidationError` before any rollout starts.
+    """Collect rollouts as `config` says and return the exit code (0 ok, 1 some rollouts failed, 130
+    interrupted). Before any rollout starts (and before any earlier output is touched): an output path that cannot
+    be written or would overwrite the input, an empty input and input problems raise `NeMoGymConfigError`
+    (`InputValidationError` for bad lines); an unreachable stack prints the reason and returns 1.
 
     `server_client` defaults to `ServerClient.load_from_global_config(head_server_config)` (the running stack)."""
     paths = CollectionPaths(Path(config.output_jsonl_fpath).expanduser())
     input_path = resolve_input_path(config.input_jsonl_fpath)
+    check_output_paths(paths, input_path)
     if server_client is None:
         from nemo_gym.http.client import ServerClient
 
         try:
             server_client = ServerClient.load_from_global_config(head_server_config)
-        except ValueError as exc:
-            _err(f"ng_collect_rollouts: {exc}")
+        except ValueError as exc:  # the CLI checks this first (cli/commands/collect.py); Python callers get 1
+            _err(f"error: ng_collect_rollouts: {exc}")
             return 1
     known_agents = agent_names_in_config(server_client.global_config_dict)
     if config.agent_name and known_agents and config.agent_name not in known_agents:

@@ -321,8 +321,12 @@ def check_dataset_files(config: TrainDataProcessorConfig, datasets: list[Dataset
                 "+should_download=true would not help)."
             )
     if problems:
+        if len(problems) == 1:
+            raise PrepareDataError(f"1 dataset file(s) missing: {problems[0]}")
         body = "\n".join(f"  - {p}" for p in problems)
-        raise PrepareDataError(f"{len(problems)} dataset file(s) missing:\n{body}")
+        raise PrepareDataError(
+            f"{len(problems)} dataset file(s) missing, the first: {problems[0]} (all listed below)\n{body}"
+        )
 
 
 def _download_source(config: TrainDataProcessorConfig, ds: DatasetConfig) -> Optional[str]:
@@ -896,7 +900,14 @@ class RowErrorCollector:
     def to_error(self, output_dir: Path, checked: int) -> PrepareDataError:
         report = self.close()
         summary = ", ".join(f"{label}: {count}" for label, count in self.per_dataset.items())
-        text = f"{self.count} invalid line(s) in {len(self.per_dataset)} of {checked} dataset(s) ({summary}):\n"
+        # The first line names the first bad line (`file:line: dataset: problem`), so a one-line reader sees it.
+        head = f"{self.count} invalid line(s) in {len(self.per_dataset)} of {checked} dataset(s)"
+        if self.count == 1 and self.shown:
+            if report is not None:
+                report.unlink(missing_ok=True)
+            return PrepareDataError(f"{head}: {self.shown[0]} (fix or remove the line; nothing was written)")
+        first = f", the first at {self.shown[0]}" if self.shown else ""
+        text = f"{head}{first} (per dataset: {summary}; all listed below):\n"
         text += "\n".join(f"  {error}" for error in self.shown)
         hidden = self.count - len(self.shown)
         if hidden > 0 and report is not None:

@@ -7,14 +7,13 @@ rollouts over the prepared rows (`ng_collect_rollouts`, with profiling), and sto
 from __future__ import annotations
 
 import signal
-import sys
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import Field
 
 from nemo_gym.config.types import BaseNeMoGymCLIConfig
-from nemo_gym.errors import NeMoGymConfigError
+from nemo_gym.errors import NeMoGymConfigError, NeMoGymStackError
 
 
 class E2ERolloutCollectionConfig(BaseNeMoGymCLIConfig):
@@ -77,8 +76,9 @@ def e2e_collect_rollouts(params: E2ERolloutCollectionConfig, cfg: Any) -> int:
         )
         return run_from_config(collection, head_server_config=get_head_server_config(cfg))
     except ServerCrashed as exc:
-        print(f"ERROR: {exc}", file=sys.stderr)
-        return 1
+        print(f"ERROR: {exc}", flush=True)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "a server crashed"
+        raise NeMoGymStackError(f"{first} The full report is above.") from None
     except KeyboardInterrupt:
         return 130
     finally:

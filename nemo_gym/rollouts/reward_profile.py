@@ -372,21 +372,30 @@ def profile_rollouts(
     def bad() -> None:
         summary.unreadable_lines += 1
 
+    first_bad: list[str] = []
+
+    def bad_at(where: str) -> None:
+        if not first_bad:
+            first_bad.append(where)
+
     with open(reward_profiling_path, "wb") as out:
 
         def write(line: dict) -> None:
             out.write(orjson.dumps(line, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
 
         _profile_core(
-            iter_jsonl_objects(materialized_inputs_path, bad),
-            iter_jsonl_objects(rollouts_path, bad),
+            iter_jsonl_objects(materialized_inputs_path, bad, bad_at),
+            iter_jsonl_objects(rollouts_path, bad, bad_at),
             pass_threshold=pass_threshold,
             write_task_line=write,
             summary=summary,
         )
     agent_metrics_path.write_bytes(orjson.dumps(summary.agent_metrics, option=orjson.OPT_INDENT_2) + b"\n")
     if summary.unreadable_lines:
-        sys.stderr.write(f"Warning: {summary.unreadable_lines} unreadable line(s) were skipped while profiling.\n")
+        first = f" (the first: {first_bad[0]})" if first_bad else ""
+        sys.stderr.write(
+            f"Warning: {summary.unreadable_lines} unreadable line(s) were skipped while profiling{first}.\n"
+        )
     if summary.unmatched_rollouts:
         sys.stderr.write(
             f"Warning: {summary.unmatched_rollouts} rollout(s) have no input row in {materialized_inputs_path}; "

@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nemo_gym import PARENT_DIR
 from nemo_gym.config.types import RestartPolicy, ServerInstanceSpec
-from nemo_gym.errors import NeMoGymConfigError, did_you_mean
+from nemo_gym.errors import NeMoGymConfigError, NeMoGymStackError, did_you_mean
 from nemo_gym.runtime.venvs import VenvBuildError
 
 TAIL_LINES = 40
@@ -635,8 +635,15 @@ class RunHelper:
                 raise ServerCrashed("The supervision thread stopped unexpectedly.")
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def run_stack(global_config: DictConfig, *, out=None) -> int:
-    """The body of `ng_run`. Returns the process exit code: 0 after a requested stop, 1 after a crash."""
+    """The body of `ng_run`. Returns the process exit code: 0 after a requested stop, 1 when a server had failed
+    (restart budget spent). A server that crashes while the stack starts, or whose environment cannot be built,
+    raises `NeMoGymStackError` (exit 1) after the full report was printed and the stack stopped."""
     helper = RunHelper(global_config, out=out)
     previous = {sig: signal.signal(sig, helper.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -664,10 +671,11 @@ def run_stack(global_config: DictConfig, *, out=None) -> int:
         return 0
     except ServerCrashed as exc:
         helper.say(f"ERROR: {exc}")
-        return 1
+        # The report (with the server's last lines) is in the log above; the one-line error ends the output.
+        raise NeMoGymStackError(f"{_first_line(exc)} The full report is above.") from None
     except VenvBuildError as exc:
         helper.say(f"ERROR: could not build a server environment.\n{exc}")
-        return 1
+        raise NeMoGymStackError(f"could not build a server environment: {_first_line(exc)} Details above.") from None
     finally:
         helper.shutdown()
         for sig, handler in previous.items():

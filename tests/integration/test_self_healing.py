@@ -220,4 +220,5 @@ def test_a_server_that_crashes_on_start_is_not_restarted_and_ng_run_exits_with_i
     code = stack.wait(timeout=120)
     assert code == 1, stack.output
     assert "simulated start-up failure" in stack.output
-    assert "Restarting" not in stack.output and stack.output.count("exited with code") == 1
+    assert "Restarting" not in stack.output and stack.output.count("ERROR: Server 'crashing_server'") == 1  # one report
+    assert stack.output.rstrip().splitlines()[-1].startswith("error: ng_run: Server 'crashing_server'")

@@ -18,11 +18,15 @@ class RunConfig(GlobalKeys):
     (usually set in env.yaml)."""
 
 
-def no_servers_message(config_paths: list[str]) -> str:
+def no_servers_message(config_paths: list[str], without_entrypoint: list[str] = ()) -> str:
     if config_paths:
         found = f"the config files ({', '.join(config_paths)}) define no server block"
     else:
         found = "no config files were given, so there is no server block"
+    if without_entrypoint:
+        from nemo_gym.config.global_config import no_entrypoint_hint
+
+        return f"nothing to start: {found}: {no_entrypoint_hint(without_entrypoint[0])}."
     return (
         f"nothing to start: {found}. Pass the files that define the servers, e.g. {EXAMPLE} "
         "(or list them under config_paths in env.yaml)."
@@ -30,12 +34,14 @@ def no_servers_message(config_paths: list[str]) -> str:
 
 
 def run(config: RunConfig) -> int:
-    from nemo_gym.config.global_config import find_server_instances
+    from nemo_gym.config.global_config import blocks_without_entrypoint, find_server_instances
     from nemo_gym.runtime.launcher import run_stack
 
     # Without this the head server would start and wait forever for servers that never come.
     if not find_server_instances(config.global_config):
-        raise NeMoGymConfigError(no_servers_message(config.config_paths))
+        raise NeMoGymConfigError(
+            no_servers_message(config.config_paths, blocks_without_entrypoint(config.global_config))
+        )
     return run_stack(config.global_config)
 
 
