@@ -8,6 +8,7 @@ harmless, so a 500 or a dropped connection is retried too).
 import asyncio
 from typing import Any, Mapping, Optional, Union
 
+import aiohttp
 import httpx
 import orjson
 from pydantic import BaseModel
@@ -148,12 +149,18 @@ class NeMoGymAsyncOpenAI(RetryingClient):
         return self._http
 
     async def _request(self, method: str, url: str, body: Any) -> dict:
-        client = self._client()
         content = _dumps(body) if body is not None else None
-        headers = self._headers if not self._owns_http else None
-        outcome = await self.retry_policy.run(
-            lambda: client.request(method, url, content=content, headers=headers), idempotent=True, label=f"{method} {url}"
-        )
+        session = self._direct_session()
+        if session is not None:
+            outcome = await self._send_direct(session, method, url, content)
+        else:
+            client = self._client()
+            headers = self._headers if not self._owns_http else None
+            outcome = await self.retry_policy.run(
+                lambda: client.request(method, url, content=content, headers=headers),
+                idempotent=True,
+                label=f"{method} {url}",
+            )
         if outcome.error is not None:
             tries = f"{outcome.attempts} attempt{'s' if outcome.attempts != 1 else ''}"
             outcome.error.add_note(f"{method} {url}: failed after {tries}")
@@ -161,16 +168,55 @@ class NeMoGymAsyncOpenAI(RetryingClient):
         response = outcome.result
         status = response.status_code
         if status >= 400:
+            if not isinstance(response, httpx.Response):
+                response = httpx.Response(
+                    status, headers=list(response.headers.items()), content=response.content,
+                    request=httpx.Request(method, url, headers=self._headers, content=content),
+                )
             raise NeMoGymOpenAIError(request=response.request, response=response, attempts=outcome.attempts)
         if not response.content:
             return {}
         try:
             return orjson.loads(response.content)
         except orjson.JSONDecodeError as exc:
+            text = response.content.decode("utf-8", errors="replace")
             raise ValueError(
-                f"{method} {url} returned HTTP {status} with a body that is not JSON: "
-                f"{response.text[:_ERROR_BODY_PREVIEW]}"
+                f"{method} {url} returned HTTP {status} with a body that is not JSON: {text[:_ERROR_BODY_PREVIEW]}"
             ) from exc
+
+    def _direct_session(self) -> Any:
+        """The process-wide aiohttp session when this client uses the shared transport (the default): calls
+        then go through aiohttp directly, without building httpx request and response objects on each call."""
+        if not self._owns_http or self._transport is not None:
+            return None
+        from nemo_gym.http.client import _get_state
+
+        return _get_state().session
+
+    async def _send_direct(self, session: Any, method: str, url: str, content: Optional[bytes]) -> Any:
+        from nemo_gym.http.client import ServerResponse, _client_timeout, _remap_aiohttp_error
+
+        timeout = self._timeout
+        client_timeout = _client_timeout({"connect": timeout.connect, "read": timeout.read, "pool": timeout.pool})
+        headers = self._headers
+
+        async def send() -> ServerResponse:
+            try:
+                resp = await session.request(
+                    method, url, data=content, headers=headers, timeout=client_timeout, allow_redirects=False
+                )
+                try:
+                    body = await resp.read()
+                finally:
+                    resp.release()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                new = _remap_aiohttp_error(exc, None)
+                if new is None:
+                    raise
+                raise new from exc
+            return ServerResponse(resp.status, resp.reason, resp.headers, body, resp.url, method)
+
+        return await self.retry_policy.run(send, idempotent=True, label=f"{method} {url}")
 
     async def aclose(self) -> None:
         if self._http is not None and self._owns_http:

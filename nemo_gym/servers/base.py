@@ -59,6 +59,7 @@ from nemo_gym.config.types import BaseRunServerInstanceConfig, BaseServerConfig
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.http.client import NeMoGymHTTPError, ServerClient, get_response_json, raise_for_status
 from nemo_gym.http.sessions import SESSION_ID_KEY, SessionCookieMiddleware, export_session_secret_to_env
+from nemo_gym.servers.hot_routes import HotRoutes
 from nemo_gym.config.values import truthy
 
 __all__ = [
@@ -75,6 +76,7 @@ __all__ = [
     "LinePrefixingWriter",
     "HideOkAccessLogFilter",
     "install_access_log_filter",
+    "serving_app",
     "prefix_process_output",
     "raise_open_files_limit",
     "is_nemo_gym_fastapi_worker",
@@ -100,6 +102,7 @@ UVICORN_TIMEOUT_WORKER_HEALTHCHECK_KEY_NAME = "uvicorn_timeout_worker_healthchec
 DEFAULT_OPEN_FILES_SOFT_LIMIT = 65535
 _LOG_BODY_CHARS = 2000
 
+HOT_ROUTES_ENV_VAR_NAME = "NEMO_GYM_HOT_ROUTES"
 _WORKER_APP: Optional[FastAPI] = None  # the app built in this worker process (multi-worker mode)
 
 
@@ -165,6 +168,10 @@ class NeMoGymExceptionMiddleware:
     `BaseException`s that are not `Exception` propagate untouched, so cancellation keeps its meaning.
     """
 
+    # Set by `serve` when only non-200 access lines are shown: they are then written here (uvicorn's handlers and
+    # format, see `_access_log_by_middleware`), and the 200s cost no log record at all.
+    log_non_200: ClassVar[bool] = False
+
     def __init__(self, app: Any, server_key: str) -> None:
         self.app = app
         self.server_key = server_key
@@ -180,6 +187,8 @@ class NeMoGymExceptionMiddleware:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                if self.log_non_200 and message["status"] != 200:
+                    _log_access(scope, message["status"])
             await send(message)
 
         try:
@@ -189,6 +198,8 @@ class NeMoGymExceptionMiddleware:
             if started:
                 return  # nothing we can send any more; the error is logged
             content = orjson.dumps(body)
+            if self.log_non_200:
+                _log_access(scope, 500)
             await send(
                 {
                     "type": "http.response.start",
@@ -234,6 +245,35 @@ class NeMoGymExceptionMiddleware:
 
 # --------------------------------------------------------------------------------------------------------
 # Process-level helpers: access log filter, line-prefixed output, open-files limit
+
+
+ACCESS_LOGGER_NAME = "nemo_gym.access"
+
+
+def _access_log_by_middleware() -> None:
+    """Only non-200 access lines are wanted: move uvicorn's access-log handlers to our logger, which the exception
+    middleware writes those lines to. uvicorn's protocol logs only while its logger has handlers, so the 200s then
+    cost no log record at all."""
+    uvicorn_access = logging.getLogger("uvicorn.access")
+    ours = logging.getLogger(ACCESS_LOGGER_NAME)
+    ours.handlers = list(uvicorn_access.handlers)
+    ours.setLevel(uvicorn_access.level)
+    ours.propagate = False
+    uvicorn_access.handlers = []
+    uvicorn_access.propagate = False
+    NeMoGymExceptionMiddleware.log_non_200 = True
+
+
+def _log_access(scope: dict, status: int) -> None:
+    """One access line, as uvicorn writes it (`client - "METHOD /path HTTP/1.1" status`)."""
+    client = scope.get("client")
+    client_addr = f"{client[0]}:{client[1]}" if client else ""
+    path = scope.get("root_path", "") + scope.get("path", "")
+    if scope.get("query_string"):
+        path += "?" + scope["query_string"].decode("ascii", errors="replace")
+    logging.getLogger(ACCESS_LOGGER_NAME).info(
+        '%s - "%s %s HTTP/%s" %d', client_addr, scope.get("method", ""), path, scope.get("http_version", "1.1"), status
+    )
 
 
 class HideOkAccessLogFilter(logging.Filter):
@@ -631,8 +671,10 @@ class SimpleServer(BaseServer):
         )
 
         if num_workers <= 1:
-            config = uvicorn.Config(app, **common)
+            config = uvicorn.Config(serving_app(app), **common)  # configures logging
             install_access_log_filter(show_200_ok)
+            if not show_200_ok:
+                _access_log_by_middleware()
             tune_gc_for_serving()
             server = uvicorn.Server(config)
             with _exit_quietly_on_signals():
@@ -664,6 +706,14 @@ class SimpleServer(BaseServer):
             supervisor.run()
         if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
             raise SystemExit(STARTUP_FAILURE)
+
+
+def serving_app(app: FastAPI) -> Any:
+    """The ASGI app uvicorn runs for `app`: its plain POST routes answered by `HotRoutes` (set
+    `NEMO_GYM_HOT_ROUTES=0` to serve everything through FastAPI, e.g. to compare)."""
+    if os.environ.get(HOT_ROUTES_ENV_VAR_NAME, "1").strip().lower() in ("0", "false", "no", "off"):
+        return app
+    return HotRoutes(app, own_middleware=(SessionCookieMiddleware, NeMoGymExceptionMiddleware))
 
 
 def tune_gc_for_serving(gen0_threshold: int = 20_000) -> None:
@@ -752,8 +802,13 @@ def _exit_quietly_on_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _nemo_gym_worker_app() -> FastAPI:
-    """uvicorn app factory run in each worker of a `num_workers > 1` server.
+def _nemo_gym_worker_app() -> Any:
+    """uvicorn app factory run in each worker of a `num_workers > 1` server: the worker's app, as served."""
+    return serving_app(_find_worker_app())
+
+
+def _find_worker_app() -> FastAPI:
+    """The app of this worker.
 
     The worker process re-imported the entrypoint as `__mp_main__` (multiprocessing spawn). If that import
     already built the app (module-level `app = X.run_webserver()` pattern) it is reused; else a module-level

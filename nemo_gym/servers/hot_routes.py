@@ -1,0 +1,261 @@
+"""Hot routes: answer a FastAPI app's plain `POST` routes without FastAPI's per-request machinery.
+
+Why: a rollout is a handful of small JSON POSTs between our own servers, and on those FastAPI's generic path
+(its middleware stack, routing, dependency solving, stdlib JSON parsing, then validating the parsed dict) cost
+more CPU than the work itself. `HotRoutes` wraps the app that uvicorn serves. For a route that qualifies it reads
+the body, validates it with pydantic straight from the JSON bytes, calls the endpoint, and serialises the answer
+the way FastAPI would; the session and exception middlewares the app was given still wrap every call. The app
+itself is unchanged (tests that use `TestClient(app)` see plain FastAPI), and so are the routes' names, schemas
+and answers.
+
+A route qualifies when it is an `async def` `APIRoute` for `POST` whose parameters are at most one JSON body (not
+embedded) and the `Request`, with no dependencies, no `Response`/`BackgroundTasks` parameters and the default
+response class; and only while the app has no middleware and no exception handlers beyond ours and FastAPI's
+defaults, and no dependency overrides. Anything else, and any request the fast path cannot answer exactly as
+FastAPI would (a body that is empty, not JSON, or fails validation: FastAPI then answers its usual 422 and our log
+line names the errors), goes to the FastAPI app untouched.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Optional
+
+from fastapi import FastAPI
+from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError, ResponseValidationError, WebSocketRequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from fastapi.datastructures import DefaultPlaceholder
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+__all__ = ["HotRoutes"]
+
+_ROUTE_KEY = "nemo_gym.hot_route"
+_VALUE_KEY = "nemo_gym.hot_body"
+_BODY_KEY = "nemo_gym.hot_raw_body"
+_DEFAULT_HANDLERS = {HTTPException, RequestValidationError, WebSocketRequestValidationError}
+
+
+class _HotRoute:
+    """What the fast path needs of one route, worked out once."""
+
+    __slots__ = ("route", "endpoint", "body_name", "validate", "request_name", "status", "serialize")
+
+    def __init__(self, route: APIRoute, body_name: Optional[str], body_type: Any, request_name: Optional[str]):
+        self.route = route
+        self.endpoint = route.dependant.call
+        self.body_name = body_name
+        self.validate: Optional[Callable[[bytes], Any]] = None
+        if body_name is not None:
+            if isinstance(body_type, type) and issubclass(body_type, BaseModel):
+                self.validate = body_type.model_validate_json
+            else:
+                self.validate = TypeAdapter(body_type).validate_json
+        self.request_name = request_name
+        self.status = route.status_code or 200
+        self.serialize = _serializer(route.response_model)
+
+
+def _serializer(response_model: Any) -> Callable[[Any], bytes]:
+    """The JSON body FastAPI would send for an endpoint's return value (not a `Response`): validated against the
+    declared response model (so it decides which fields go out) and dumped by alias; without one, FastAPI's
+    `jsonable_encoder`."""
+    if response_model is None:
+        encoder = JSONResponse(None)
+
+        def serialize_plain(result: Any) -> bytes:
+            return encoder.render(jsonable_encoder(result))
+
+        return serialize_plain
+    adapter = TypeAdapter(response_model)
+
+    def serialize(result: Any) -> bytes:
+        try:
+            value = adapter.validate_python(result, from_attributes=True)
+        except ValidationError as exc:
+            errors = [{**error, "loc": ("response", *error["loc"])} for error in exc.errors(include_url=False)]
+            raise ResponseValidationError(errors, body=result) from None
+        return adapter.dump_json(value, by_alias=True)
+
+    return serialize
+
+
+def _hot_route(route: Any) -> Optional[_HotRoute]:
+    """The fast-path description of `route`, or None when FastAPI must serve it."""
+    if not isinstance(route, APIRoute) or set(route.methods or ()) != {"POST"}:
+        return None
+    if "{" in route.path_format:
+        return None
+    if not isinstance(route.response_class, DefaultPlaceholder):
+        return None
+    endpoint = route.dependant.call
+    if not inspect.iscoroutinefunction(endpoint) or inspect.isasyncgenfunction(endpoint):
+        return None
+    dependant = route.dependant
+    if any(
+        getattr(dependant, name, None)
+        for name in (
+            "path_params", "query_params", "header_params", "cookie_params", "dependencies",
+            "websocket_param_name", "http_connection_param_name", "response_param_name",
+            "background_tasks_param_name", "security_scopes_param_name",
+        )
+    ):
+        return None
+    body_params = list(dependant.body_params)
+    if len(body_params) > 1:
+        return None
+    body_name = body_type = None
+    if body_params:
+        field = body_params[0]
+        info = field.field_info
+        if getattr(info, "embed", False) or getattr(info, "media_type", "application/json") != "application/json":
+            return None
+        body_name, body_type = field.name, info.annotation
+    return _HotRoute(route, body_name, body_type, dependant.request_param_name)
+
+
+def _app_is_plain(app: FastAPI, own_middleware: tuple[type, ...]) -> bool:
+    """No middleware, exception handler or dependency override the fast path would skip."""
+    if app.dependency_overrides or app.router.dependencies:
+        return False
+    if any(middleware.cls not in own_middleware for middleware in app.user_middleware):
+        return False
+    return all(key in _DEFAULT_HANDLERS for key in app.exception_handlers)
+
+
+class HotRoutes:
+    """The ASGI app uvicorn serves: hot routes answered directly, everything else by `app`.
+
+    `own_middleware` are the middleware classes the fast path re-creates (with the app's own arguments) around
+    every hot call; an app with any other middleware gets no hot routes at all."""
+
+    def __init__(self, app: FastAPI, own_middleware: tuple[type, ...]) -> None:
+        self.app = app
+        self.routes: dict[str, _HotRoute] = {}
+        self.pipeline: Any = None
+        if not _app_is_plain(app, own_middleware):
+            return
+        for route in app.router.routes:
+            hot = _hot_route(route)
+            if hot is not None and route.path_format not in self.routes:
+                self.routes[route.path_format] = hot
+        pipeline: Any = self._endpoint
+        for middleware in reversed(app.user_middleware):  # user_middleware[0] is the outermost
+            cls, args, kwargs = middleware
+            pipeline = cls(pipeline, *args, **kwargs)
+        self.pipeline = pipeline
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        hot = self.routes.get(scope["path"])
+        if hot is None:
+            await self.app(scope, receive, send)
+            return
+        body = await _read_body(receive)
+        replay = _replay(body, receive)
+        if hot.validate is not None:
+            if not body or not _is_json(scope["headers"]):
+                await self.app(scope, replay, send)
+                return
+            try:
+                scope[_VALUE_KEY] = hot.validate(body)
+            except ValidationError:  # FastAPI answers the 422 (and our handler logs it)
+                await self.app(scope, replay, send)
+                return
+        scope["app"] = self.app
+        scope["path_params"] = {}
+        scope["route"] = hot.route
+        scope["endpoint"] = hot.endpoint
+        scope[_ROUTE_KEY] = hot
+        scope[_BODY_KEY] = body
+        await self.pipeline(scope, replay, send)
+
+    async def _endpoint(self, scope: dict, receive: Any, send: Any) -> None:
+        hot: _HotRoute = scope[_ROUTE_KEY]
+        kwargs: dict = {}
+        request: Optional[Request] = None
+        if hot.body_name is not None:
+            kwargs[hot.body_name] = scope[_VALUE_KEY]
+        if hot.request_name is not None:
+            request = Request(scope, receive)
+            request._body = scope[_BODY_KEY]  # what Request.body() caches: no second read of the stream
+            kwargs[hot.request_name] = request
+        try:
+            result = await hot.endpoint(**kwargs)
+        except Exception as exc:
+            handler = self._handler_for(exc)
+            if handler is None:
+                raise  # to the exception middleware, as on FastAPI's path
+            if request is None:
+                request = Request(scope, receive)
+            response = handler(request, exc)
+            if inspect.isawaitable(response):
+                response = await response
+            await response(scope, receive, send)
+            return
+        if isinstance(result, Response):
+            await result(scope, receive, send)
+            return
+        content = hot.serialize(result)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": hot.status,
+                "headers": [(b"content-length", str(len(content)).encode()), (b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": content})
+
+    def _handler_for(self, exc: Exception) -> Any:
+        """The app's handler for `exc` (FastAPI's defaults unless the app replaced them), as FastAPI picks it."""
+        handlers = self.app.exception_handlers
+        for cls in type(exc).__mro__:
+            if cls in handlers:
+                return handlers[cls]
+        if isinstance(exc, HTTPException):
+            return http_exception_handler
+        if isinstance(exc, RequestValidationError):
+            return request_validation_exception_handler
+        return None
+
+
+async def _read_body(receive: Any) -> bytes:
+    message = await receive()
+    body = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body
+    chunks = [body]
+    while message.get("more_body", False):
+        message = await receive()
+        chunks.append(message.get("body", b""))
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Any) -> Callable[[], Any]:
+    """A `receive` that hands the already-read body out once, then passes on the connection's own messages
+    (a disconnect)."""
+    sent = False
+
+    async def replay() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _is_json(headers: Any) -> bool:
+    """A JSON content type (without one, FastAPI versions differ: they decide)."""
+    for key, value in headers:
+        if key == b"content-type":
+            media = value.split(b";", 1)[0].strip().lower()
+            return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+    return False

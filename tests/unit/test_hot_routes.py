@@ -1,0 +1,200 @@
+"""HotRoutes answers exactly as FastAPI does: the same server served both ways over real HTTP, compared."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from fastapi import Body, Depends, FastAPI, HTTPException, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict
+
+from nemo_gym.http.client import ServerClient
+from nemo_gym.servers.base import SimpleServer, serving_app
+from nemo_gym.servers.hot_routes import HotRoutes
+from tests.unit.test_server_utils import live_server, make_config
+
+
+class Question(BaseModel):
+    text: str
+    n: int = 1
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    reward: float
+
+
+class DetailedAnswer(Answer):
+    detail: str = "only in the subclass"
+
+
+class Strict(BaseModel):
+    value: int
+
+
+def needs_header(request: Request) -> str:
+    return request.headers.get("x-extra", "")
+
+
+class RouteZoo(SimpleServer):
+    """One route per case the fast path must either serve like FastAPI or leave to FastAPI."""
+
+    def setup_webserver(self) -> FastAPI:
+        app = FastAPI()
+        self.setup_session_middleware(app)
+        app.post("/model")(self.model)
+        app.post("/subclass")(self.subclass)
+        app.post("/with_request")(self.with_request)
+        app.post("/plain_dict")(self.plain_dict)
+        app.post("/no_body")(self.no_body)
+        app.post("/raw_response")(self.raw_response)
+        app.post("/http_error")(self.http_error)
+        app.post("/crash")(self.crash)
+        app.post("/session")(self.session)
+        app.post("/bad_answer")(self.bad_answer)
+        app.post("/with_dependency")(self.with_dependency)
+        app.post("/sync")(self.sync)
+        app.post("/status", status_code=201)(self.created)
+        return app
+
+    async def model(self, body: Question) -> Answer:
+        return Answer(reward=len(body.text) * body.n, extra_field="kept")
+
+    async def subclass(self, body: Question) -> Answer:
+        return DetailedAnswer(reward=1.0)  # FastAPI sends the declared model's fields (plus extras)
+
+    async def with_request(self, request: Request, body: Question = Body()) -> dict:
+        raw = await request.json()
+        return {"raw": raw, "validated": body.model_dump(), "path": request.url.path}
+
+    async def plain_dict(self, body: dict) -> dict:
+        return {"keys": sorted(body)}
+
+    async def no_body(self) -> Answer:
+        return Answer(reward=0.5)
+
+    async def raw_response(self, body: Question) -> Response:
+        return Response(b'{"raw": true}', media_type="application/json", headers={"x-mine": "1"})
+
+    async def http_error(self, body: Question) -> Answer:
+        raise HTTPException(status_code=418, detail={"why": body.text})
+
+    async def crash(self, body: Question) -> Answer:
+        raise ValueError(f"broken on {body.text}")
+
+    async def session(self, request: Request, body: Question) -> dict:
+        request.session["seen"] = request.session.get("seen", 0) + 1
+        return dict(request.session)
+
+    async def bad_answer(self, body: Question) -> Strict:
+        return {"value": "not a number"}  # type: ignore[return-value]
+
+    async def with_dependency(self, body: Question, extra: str = Depends(needs_header)) -> dict:
+        return {"extra": extra}
+
+    def sync(self, body: Question) -> dict:
+        return {"sync": body.text}
+
+    async def created(self, body: Question) -> Answer:
+        return Answer(reward=2.0)
+
+
+def make_server() -> RouteZoo:
+    config = make_config("zoo")
+    return RouteZoo(config=config, server_client=ServerClient(head_server_config=None, global_config_dict={}))
+
+
+def test_only_plain_async_post_routes_are_hot():
+    hot = HotRoutes(make_server().build_app(), own_middleware=_own_middleware())
+    assert {"/model", "/subclass", "/with_request", "/plain_dict", "/no_body", "/status", "/crash"} <= set(hot.routes)
+    assert "/with_dependency" not in hot.routes and "/sync" not in hot.routes and "/health" not in hot.routes
+
+
+def test_foreign_middleware_or_handlers_turn_the_fast_path_off():
+    app = make_server().build_app()
+
+    @app.middleware("http")
+    async def stamp(request, call_next):  # pragma: no cover - never called here
+        return await call_next(request)
+
+    assert HotRoutes(app, own_middleware=_own_middleware()).routes == {}
+    app = make_server().build_app()
+    app.add_exception_handler(ValueError, lambda request, exc: Response(status_code=400))
+    assert HotRoutes(app, own_middleware=_own_middleware()).routes == {}
+
+
+def _own_middleware():
+    from nemo_gym.http.sessions import SessionCookieMiddleware
+    from nemo_gym.servers.base import NeMoGymExceptionMiddleware
+
+    return (SessionCookieMiddleware, NeMoGymExceptionMiddleware)
+
+
+CASES = [
+    ("/model", {"json": {"text": "abc", "n": 2}}),
+    ("/model", {"json": {"text": "abc", "n": "two"}}),  # 422 from FastAPI, through the fallback
+    ("/model", {"json": {"n": 2}}),
+    ("/model", {"content": b"not json", "headers": {"content-type": "application/json"}}),
+    ("/model", {"content": b'{"text": "x"}', "headers": {"content-type": "text/plain"}}),
+    ("/model", {"content": b'{"text": "no content type"}'}),
+    ("/model", {}),
+    ("/subclass", {"json": {"text": "a"}}),
+    ("/with_request", {"json": {"text": "a", "unknown": [1, 2]}}),
+    ("/plain_dict", {"json": {"b": 1, "a": 2}}),
+    ("/plain_dict", {"json": [1, 2]}),
+    ("/no_body", {}),
+    ("/raw_response", {"json": {"text": "a"}}),
+    ("/http_error", {"json": {"text": "teapot"}}),
+    ("/crash", {"json": {"text": "purpose"}}),
+    ("/bad_answer", {"json": {"text": "a"}}),
+    ("/with_dependency", {"json": {"text": "a"}, "headers": {"x-extra": "yes"}}),
+    ("/sync", {"json": {"text": "a"}}),
+    ("/status", {"json": {"text": "a"}}),
+    ("/seed_session", {"json": {}}),
+    ("/missing", {"json": {}}),
+]
+
+
+@pytest.fixture(scope="module")
+def urls():
+    server = make_server()
+    with live_server(server.build_app()) as fastapi_url, live_server(serving_app(server.build_app())) as hot_url:
+        yield fastapi_url, hot_url
+
+
+def _answer(url: str, path: str, kwargs: dict) -> tuple:
+    response = httpx.post(url + path, **kwargs)
+    try:
+        body = response.json()
+    except ValueError:
+        body = response.text
+    headers = {k: v for k, v in response.headers.items() if k in ("content-type", "x-mine")}
+    return response.status_code, body, headers, "set-cookie" in response.headers
+
+
+@pytest.mark.parametrize("path, kwargs", CASES, ids=[f"{p} {i}" for i, (p, _) in enumerate(CASES)])
+def test_hot_and_fastapi_answers_are_the_same(urls, path, kwargs):
+    fastapi_url, hot_url = urls
+    hot, fastapi = _answer(hot_url, path, kwargs), _answer(fastapi_url, path, kwargs)
+    if path == "/bad_answer":  # FastAPI's message adds where the endpoint is defined; the error is the same
+        assert hot[0] == fastapi[0] == 500
+        assert hot[1].splitlines()[:2] == fastapi[1].splitlines()[:2]
+        assert hot[1].startswith("ResponseValidationError: 1 validation error")
+    else:
+        assert hot == fastapi
+
+
+def test_sessions_work_the_same_on_the_fast_path(urls):
+    _, hot_url = urls
+    with httpx.Client(base_url=hot_url) as client:
+        first = client.post("/session", json={"text": "a"}).json()
+        second = client.post("/session", json={"text": "a"}).json()
+    assert second["session_id"] == first["session_id"] and second["seen"] == 2
+
+
+def test_serving_app_can_be_turned_off(monkeypatch):
+    app = make_server().build_app()
+    monkeypatch.setenv("NEMO_GYM_HOT_ROUTES", "0")
+    assert serving_app(app) is app
+    monkeypatch.delenv("NEMO_GYM_HOT_ROUTES")
+    assert isinstance(serving_app(app), HotRoutes)
