@@ -102,8 +102,8 @@ class GlobalKeys(BaseNeMoGymCLIConfig):
     )
     http_client_transport: Optional[str] = Field(
         default=None,
-        description="Transport of the shared HTTP client: aiohttp or httpx (null = $NEMO_GYM_HTTP_CLIENT_TRANSPORT, "
-        "else aiohttp).",
+        description="Transport of the shared HTTP client: lean (default), aiohttp or httpx (null = $NEMO_GYM_HTTP_CLIENT_TRANSPORT, "
+        "else lean).",
     )
     global_aiohttp_connector_limit: int = Field(default=102400, description="Connections of the HTTP client in total.")
     global_aiohttp_connector_limit_per_host: int = Field(

@@ -67,6 +67,7 @@ from yarl import URL
 
 from nemo_gym.config.values import config_get, is_mapping
 from nemo_gym.errors import did_you_mean
+from nemo_gym.http.lean_client import LeanClient
 from nemo_gym.http.retry import (
     DEFAULT_BACKOFF_BASE,
     DEFAULT_BACKOFF_MAX,
@@ -104,8 +105,9 @@ DEFAULT_CONNECTOR_LIMIT = 102400
 DEFAULT_CONNECTOR_LIMIT_PER_HOST = 1024
 TRANSPORT_ENV_VAR = "NEMO_GYM_HTTP_CLIENT_TRANSPORT"
 TRANSPORT_CONFIG_KEY = "http_client_transport"
-TRANSPORTS = ("aiohttp", "httpx")
-DEFAULT_TRANSPORT = "aiohttp"
+TRANSPORTS = ("lean", "aiohttp", "httpx")
+# `lean`: ServerClient's plain-http calls go through `LeanClient`; the rest, and httpx users, through aiohttp.
+DEFAULT_TRANSPORT = "lean"
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _NO_TIMEOUT_OVERRIDE: Any = object()
@@ -582,7 +584,7 @@ def build_transport(
 ) -> httpx.AsyncBaseTransport:
     """A new httpx transport of the kind the shared client uses (`aiohttp`: an `AiohttpTransport` over a new
     session; `httpx`: an httpcore pool). Call inside a running loop."""
-    if name == "aiohttp":
+    if name in ("aiohttp", "lean"):
         return AiohttpTransport(_new_session(limit, limit_per_host))
     if name == "httpx":
         return _make_httpx_transport(limit, limit_per_host)
@@ -596,6 +598,8 @@ class _LoopState:
     transport_name: str
     # The aiohttp session ServerClient sends with directly; None with the `httpx` transport.
     session: Optional[aiohttp.ClientSession] = None
+    # ServerClient's plain-http calls with the `lean` transport (the default).
+    lean: Optional[LeanClient] = None
     debug: bool = False
     client: Optional[httpx.AsyncClient] = None
     closer: Any = None
@@ -606,6 +610,8 @@ class _LoopState:
             return
         self.closed = True
         try:
+            if self.lean is not None:
+                await self.lean.aclose()
             if self.client is not None:
                 await self.client.aclose()  # closes the transport too
             else:
@@ -656,6 +662,7 @@ def _get_state(cfg: Any = None) -> _LoopState:
                 transport=transport,
                 transport_name=name,
                 session=transport.session if isinstance(transport, AiohttpTransport) else None,
+                lean=LeanClient(per_host) if name == "lean" else None,
                 debug=bool(config_get(cfg, "global_aiohttp_client_request_debug", False)),
             )
             # Start the closer generator synchronously up to its `yield` (it awaits nothing before it);
@@ -959,15 +966,24 @@ class ServerClient(RetryingClient):
 
         timeout_override = None if timeout is _NO_TIMEOUT_OVERRIDE else _coerce_timeout(timeout)
         session: Optional[aiohttp.ClientSession] = None
+        lean: Optional[LeanClient] = None
         if self._transport is not None:
             transport, debug = self._transport, False
         else:
             state = _get_state(self._global_config_dict)
-            transport, session, debug = state.transport, state.session, state.debug
+            transport, session, lean, debug = state.transport, state.session, state.lean, state.debug
         if idempotent is None:
             idempotent = is_idempotent_method(method)
 
-        if session is not None:  # the default: aiohttp directly
+        if lean is not None and params is None and url.scheme == "http" and method != "HEAD":  # the default
+            lean_timeout = self._timeout_dict if timeout_override is None else timeout_override
+            host, port, target = url.host, url.port, url.raw_path_qs
+
+            async def send() -> ServerResponse:
+                answer = await lean.request(method, host, port, target, header_map, body, lean_timeout)
+                return ServerResponse(answer.status, answer.reason, answer.headers, answer.body, url, method, server_name)
+
+        elif session is not None:  # aiohttp directly
             client_timeout = self._client_timeout if timeout_override is None else _client_timeout(timeout_override)
 
             async def send() -> ServerResponse:

@@ -12,6 +12,7 @@ import aiohttp
 import httpx
 import orjson
 from pydantic import BaseModel
+from yarl import URL
 
 from nemo_gym.http.retry import RETRY_STATUSES, RetryingClient, RetryPolicy
 
@@ -112,6 +113,7 @@ class NeMoGymAsyncOpenAI(RetryingClient):
         self._http: Optional[httpx.AsyncClient] = http_client
         self._owns_http = http_client is None
         self._http_loop: Optional[asyncio.AbstractEventLoop] = None
+        self._parsed_urls: dict[str, URL] = {}
 
     # ---------------------------------------------------------------- endpoints
 
@@ -150,9 +152,11 @@ class NeMoGymAsyncOpenAI(RetryingClient):
 
     async def _request(self, method: str, url: str, body: Any) -> dict:
         content = _dumps(body) if body is not None else None
-        session = self._direct_session()
-        if session is not None:
-            outcome = await self._send_direct(session, method, url, content)
+        state = self._shared_state()
+        if state is not None and state.lean is not None and url.startswith("http://"):
+            outcome = await self._send_lean(state.lean, method, url, content)
+        elif state is not None and state.session is not None:
+            outcome = await self._send_direct(state.session, method, url, content)
         else:
             client = self._client()
             headers = self._headers if not self._owns_http else None
@@ -184,20 +188,40 @@ class NeMoGymAsyncOpenAI(RetryingClient):
                 f"{method} {url} returned HTTP {status} with a body that is not JSON: {text[:_ERROR_BODY_PREVIEW]}"
             ) from exc
 
-    def _direct_session(self) -> Any:
-        """The process-wide aiohttp session when this client uses the shared transport (the default): calls
-        then go through aiohttp directly, without building httpx request and response objects on each call."""
+    def _shared_state(self) -> Any:
+        """The process-wide client state when this client uses the shared transport (the default): calls then go
+        through the lean client (plain http) or aiohttp directly, without httpx request and response objects."""
         if not self._owns_http or self._transport is not None:
             return None
         from nemo_gym.http.client import _get_state
 
-        return _get_state().session
+        return _get_state()
+
+    def _timeouts(self) -> dict:
+        timeout = self._timeout
+        return {"connect": timeout.connect, "read": timeout.read, "pool": timeout.pool}
+
+    async def _send_lean(self, lean: Any, method: str, url: str, content: Optional[bytes]) -> Any:
+        from nemo_gym.http.client import ServerResponse
+
+        parsed = self._parsed_urls.get(url)
+        if parsed is None:
+            parsed = URL(url)
+            if len(self._parsed_urls) < 64:
+                self._parsed_urls[url] = parsed
+        host, port, target = parsed.host, parsed.port, parsed.raw_path_qs
+        headers, timeouts = self._headers, self._timeouts()
+
+        async def send() -> ServerResponse:
+            answer = await lean.request(method, host, port, target, headers, content, timeouts)
+            return ServerResponse(answer.status, answer.reason, answer.headers, answer.body, parsed, method)
+
+        return await self.retry_policy.run(send, idempotent=True, label=f"{method} {url}")
 
     async def _send_direct(self, session: Any, method: str, url: str, content: Optional[bytes]) -> Any:
         from nemo_gym.http.client import ServerResponse, _client_timeout, _remap_aiohttp_error
 
-        timeout = self._timeout
-        client_timeout = _client_timeout({"connect": timeout.connect, "read": timeout.read, "pool": timeout.pool})
+        client_timeout = _client_timeout(self._timeouts())
         headers = self._headers
 
         async def send() -> ServerResponse:
