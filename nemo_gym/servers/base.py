@@ -708,10 +708,14 @@ class SimpleServer(BaseServer):
             raise SystemExit(STARTUP_FAILURE)
 
 
+def _fast_serving() -> bool:
+    return os.environ.get(HOT_ROUTES_ENV_VAR_NAME, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def serving_app(app: FastAPI) -> Any:
     """The ASGI app uvicorn runs for `app`: its plain POST routes answered by `HotRoutes` (set
-    `NEMO_GYM_HOT_ROUTES=0` to serve everything through FastAPI, e.g. to compare)."""
-    if os.environ.get(HOT_ROUTES_ENV_VAR_NAME, "1").strip().lower() in ("0", "false", "no", "off"):
+    `NEMO_GYM_HOT_ROUTES=0` to serve everything through FastAPI and uvicorn's own protocol, e.g. to compare)."""
+    if not _fast_serving():
         return app
     return HotRoutes(app, own_middleware=(SessionCookieMiddleware, NeMoGymExceptionMiddleware))
 
@@ -752,13 +756,18 @@ def _loop_choice() -> str:
         return "asyncio"
 
 
-def _http_choice() -> str:
+def _http_choice() -> Any:
+    """uvicorn's httptools protocol with one write per response (`servers/http_protocol.py`); plain httptools with
+    `NEMO_GYM_HOT_ROUTES=0`; h11 without httptools."""
     try:
         import httptools  # noqa: F401
-
-        return "httptools"
     except ImportError:  # pragma: no cover
         return "h11"
+    if not _fast_serving():
+        return "httptools"
+    from nemo_gym.servers.http_protocol import CoalescingHttpToolsProtocol
+
+    return CoalescingHttpToolsProtocol
 
 
 def _socket_from_env(env_name: str) -> Optional[socket.socket]:
