@@ -54,12 +54,20 @@ def load_row() -> dict:
 
 
 async def drive(url: str, row: dict, total: int, in_flight: int) -> tuple[float, list[float], int]:
-    """Send `total` /run calls with at most `in_flight` at once; returns wall seconds, latencies, failures."""
-    from nemo_gym.http.client import get_global_client
+    """Send `total` /run calls with at most `in_flight` at once; returns wall seconds, latencies, failures.
+    The load generator shares the machine with what it measures, so it uses the cheapest client we have (the
+    lean keep-alive client that `ng_collect_rollouts` uses too), with its default connection limit per server
+    (1024: beyond that, rollouts wait in the load generator, as they do in the collector)."""
+    from yarl import URL
 
-    client = await get_global_client()
+    from nemo_gym.http.client import DEFAULT_CONNECTOR_LIMIT_PER_HOST
+    from nemo_gym.http.lean_client import LeanClient
+
+    target = URL(url)
+    client = LeanClient(limit_per_host=DEFAULT_CONNECTOR_LIMIT_PER_HOST)
     body = json.dumps(row).encode()
-    headers = {"content-type": "application/json"}
+    headers = {"Content-Type": "application/json"}
+    timeout = {"connect": 60.0, "read": None, "pool": None}
     latencies: list[float] = []
     failures = 0
     next_index = 0
@@ -70,15 +78,18 @@ async def drive(url: str, row: dict, total: int, in_flight: int) -> tuple[float,
             next_index += 1
             t0 = time.perf_counter()
             try:
-                r = await client.post(url, content=body, headers=headers, timeout=None)
-                if r.status_code != 200 or r.json().get("reward") is None:
+                r = await client.request("POST", target.host, target.port, target.raw_path_qs, headers, body, timeout)
+                if r.status != 200 or json.loads(r.body).get("reward") is None:
                     failures += 1
             except httpx.HTTPError:
                 failures += 1
             latencies.append(time.perf_counter() - t0)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(min(in_flight, total))))
+    try:
+        await asyncio.gather(*(worker() for _ in range(min(in_flight, total))))
+    finally:
+        await client.aclose()
     return time.perf_counter() - t0, latencies, failures
 
 
