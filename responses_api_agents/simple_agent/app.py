@@ -92,7 +92,7 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         self, request: Request, body: NeMoGymResponseCreateParamsNonStreaming = Body()
     ) -> NeMoGymResponse:
         # FastAPI validated the body (strict: unknown keys are a 422); work on the JSON it already parsed.
-        params = await request.json()
+        params = orjson.loads(await request.body())
         cookies = dict(request.cookies)
         result = await self.run_episode(params, cookies)
         response = _json_response(result)
@@ -103,7 +103,7 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         return response
 
     async def run(self, request: Request, body: SimpleAgentRunRequest) -> SimpleAgentVerifyResponse:
-        row = await request.json()
+        row = orjson.loads(await request.body())
         cookies = dict(request.cookies)
         resources = self.config.resources_server.name
         client = self.server_client
