@@ -524,6 +524,25 @@ def _new_session(limit: int, limit_per_host: int) -> aiohttp.ClientSession:
     )
 
 
+async def aiohttp_exchange(
+    session: aiohttp.ClientSession, method: str, url: Any, *, request: Any = None, **kwargs: Any
+) -> tuple[aiohttp.ClientResponse, bytes]:
+    """One request through `session` (no redirects), read whole; an aiohttp error is raised as the httpx error
+    that says the same (`request`, an `httpx.Request`, is attached to it when given)."""
+    try:
+        resp = await session.request(method, url, allow_redirects=False, **kwargs)
+        try:
+            body = await resp.read()
+        finally:
+            resp.release()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        new = _remap_aiohttp_error(exc, request)
+        if new is None:
+            raise
+        raise new from exc
+    return resp, body
+
+
 class AiohttpTransport(httpx.AsyncBaseTransport):
     """An httpx transport that sends with one `aiohttp.ClientSession` (aiohttp's public API only), so httpx
     clients (`NeMoGymAsyncOpenAI`, the vLLM model server) share the process's connector. Bodies are read whole;
@@ -537,26 +556,17 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             body = request.content
         except httpx.RequestNotRead:
             body = await request.aread()
-        try:
-            resp = await self.session.request(
-                request.method,
-                str(request.url),
-                headers=request.headers.multi_items(),
-                data=body or None,
-                allow_redirects=False,
-                auto_decompress=False,  # httpx decodes Content-Encoding itself
-                compress=False,
-                timeout=_client_timeout(request.extensions.get("timeout") or {}),
-            )
-            try:
-                content = await resp.read()
-            finally:
-                resp.release()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            new = _remap_aiohttp_error(exc, request)
-            if new is None:
-                raise
-            raise new from exc
+        resp, content = await aiohttp_exchange(
+            self.session,
+            request.method,
+            str(request.url),
+            request=request,
+            headers=request.headers.multi_items(),
+            data=body or None,
+            auto_decompress=False,  # httpx decodes Content-Encoding itself
+            compress=False,
+            timeout=_client_timeout(request.extensions.get("timeout") or {}),
+        )
         extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
         if resp.reason:
             extensions["reason_phrase"] = resp.reason.encode()

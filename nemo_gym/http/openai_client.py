@@ -8,7 +8,6 @@ harmless, so a 500 or a dropped connection is retried too).
 import asyncio
 from typing import Any, Mapping, Optional, Union
 
-import aiohttp
 import httpx
 import orjson
 from pydantic import BaseModel
@@ -219,25 +218,13 @@ class NeMoGymAsyncOpenAI(RetryingClient):
         return await self.retry_policy.run(send, idempotent=True, label=f"{method} {url}")
 
     async def _send_direct(self, session: Any, method: str, url: str, content: Optional[bytes]) -> Any:
-        from nemo_gym.http.client import ServerResponse, _client_timeout, _remap_aiohttp_error
+        from nemo_gym.http.client import ServerResponse, _client_timeout, aiohttp_exchange
 
         client_timeout = _client_timeout(self._timeouts())
         headers = self._headers
 
         async def send() -> ServerResponse:
-            try:
-                resp = await session.request(
-                    method, url, data=content, headers=headers, timeout=client_timeout, allow_redirects=False
-                )
-                try:
-                    body = await resp.read()
-                finally:
-                    resp.release()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                new = _remap_aiohttp_error(exc, None)
-                if new is None:
-                    raise
-                raise new from exc
+            resp, body = await aiohttp_exchange(session, method, url, data=content, headers=headers, timeout=client_timeout)
             return ServerResponse(resp.status, resp.reason, resp.headers, body, resp.url, method)
 
         return await self.retry_policy.run(send, idempotent=True, label=f"{method} {url}")

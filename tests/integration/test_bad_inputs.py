@@ -24,6 +24,7 @@ import pytest
 
 from nemo_gym.testing.stack import FakeLLMBackend, NgRunStack, free_port
 from tests.conftest import FIXTURE_STACK, REPO_ROOT
+from tests.integration.test_collect_rollouts import TOOLS
 
 SCRIPTS = {
     "ng_run": "run",
@@ -33,15 +34,6 @@ SCRIPTS = {
     "ng_test_all": "test_all",
 }
 AGENT = "counter_simple_agent"
-TOOLS = [
-    {
-        "type": "function",
-        "name": "increment_counter",
-        "description": "add to the counter",
-        "parameters": {"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]},
-        "strict": False,
-    }
-]
 
 
 def ng(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -892,3 +892,18 @@ def test_assistant_texts_lists_each_output_text_part_in_order():
     )
     assert response.assistant_texts() == ["a", "b", "c"]
     assert response.output_text == "abc"
+
+
+@pytest.mark.parametrize("transport", ["lean", "aiohttp", "httpx"])
+async def test_every_transport_answers_retries_and_fails_alike(server, monkeypatch, transport):
+    """The lean client (default), aiohttp directly and httpx: same answers, retries and errors."""
+    monkeypatch.setenv("NEMO_GYM_HTTP_CLIENT_TRANSPORT", transport)
+    server.scripts["/v1/responses"] = [(503, {"error": "overloaded"}), (200, _response_dict())]
+    server.scripts["/v1/chat/completions"] = [(400, {"error": {"message": "bad request"}})]
+    async with _client(server) as client:
+        assert NeMoGymResponse.model_validate(await client.create_response(model="m", input="hi")).output_text
+        with pytest.raises(NeMoGymOpenAIError) as caught:
+            await client.create_chat_completion(model="m", messages=[])
+    assert caught.value.status == 400 and "bad request" in caught.value.body
+    assert caught.value.response.request.url.path == "/v1/chat/completions"
+    assert [r["path"] for r in server.requests] == ["/v1/responses", "/v1/responses", "/v1/chat/completions"]
