@@ -434,3 +434,33 @@ async def test_openai_client_function_call_round_trip(base_url):
         assert not chat_second.choices[0].message.tool_calls
     finally:
         await client.close()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Anthropic Messages (the shared model-server route) with the official SDK, on the real local model
+
+
+def test_messages_with_the_anthropic_sdk(base_url):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=base_url, api_key="not-checked", max_retries=0, timeout=120)
+    add = {"name": ADD_TOOL["name"], "description": ADD_TOOL["description"], "input_schema": ADD_TOOL["parameters"]}
+    called = client.messages.create(
+        model="local", max_tokens=32, tools=[add], tool_choice={"type": "tool", "name": "add_numbers"},
+        messages=[{"role": "user", "content": "Please add 7 and 5."}],
+    )
+    assert called.stop_reason == "tool_use"
+    (tool_use,) = [block for block in called.content if block.type == "tool_use"]
+    jsonschema.validate(tool_use.input, SCHEMAS["add_numbers"])
+
+    answered = client.messages.create(
+        model="local", max_tokens=16, tools=[add],
+        messages=[
+            {"role": "user", "content": "Please add 7 and 5."},
+            {"role": "assistant", "content": [block.model_dump() for block in called.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "12"}]},
+        ],
+    )
+    assert answered.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    assert answered.usage.input_tokens > 0 and answered.usage.output_tokens > 0
+    assert answered.content
