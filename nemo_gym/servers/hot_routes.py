@@ -122,7 +122,10 @@ def _app_is_plain(app: FastAPI, own_middleware: tuple[type, ...]) -> bool:
     """No middleware, exception handler or dependency override the fast path would skip."""
     if app.dependency_overrides or app.router.dependencies:
         return False
-    if any(middleware.cls not in own_middleware for middleware in app.user_middleware):
+    if any(
+        middleware.cls not in own_middleware and not getattr(middleware.cls, "hot_routes_compatible", False)
+        for middleware in app.user_middleware
+    ):
         return False
     return all(key in _DEFAULT_HANDLERS for key in app.exception_handlers)
 
@@ -131,7 +134,8 @@ class HotRoutes:
     """The ASGI app uvicorn serves: hot routes answered directly, everything else by `app`.
 
     `own_middleware` are the middleware classes the fast path re-creates (with the app's own arguments) around
-    every hot call; an app with any other middleware gets no hot routes at all."""
+    every hot call, as are classes that say `hot_routes_compatible = True` (pure ASGI, no per-app state); an app
+    with any other middleware gets no hot routes at all."""
 
     def __init__(self, app: FastAPI, own_middleware: tuple[type, ...]) -> None:
         self.app = app

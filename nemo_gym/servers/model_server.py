@@ -4,7 +4,7 @@ Routes: `POST /v1/responses` (`NeMoGymResponseCreateParamsNonStreaming` -> `NeMo
 `POST /v1/chat/completions` (`NeMoGymChatCompletionCreateParamsNonStreaming` -> `NeMoGymChatCompletion`), which a
 server implements, and `POST /v1/messages` (Anthropic Messages), which every model server gets from this base:
 converted to a Responses call on the server's own `responses` and back (`nemo_gym/api/anthropic_messages.py`).
-Non-streaming only. The session's `session_id` identifies a rollout (e.g. to pin it to one backend).
+`"stream": true` on all three is served as each API's server-sent events (`servers/stream_adapter.py`). The session's `session_id` identifies a rollout (e.g. to pin it to one backend).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from nemo_gym.api.schemas import (
     NeMoGymResponseCreateParamsNonStreaming,
 )
 from nemo_gym.servers.base import BaseServer, SimpleServer
+from nemo_gym.servers.stream_adapter import StreamAdapter
 
 __all__ = ["BaseResponsesAPIModelConfig", "BaseResponsesAPIModel", "SimpleResponsesAPIModel"]
 
@@ -70,9 +71,12 @@ class SimpleResponsesAPIModel(BaseResponsesAPIModel, SimpleServer):
     # -- Anthropic Messages, on top of `responses` ------------------------------------------------------------
 
     def prepare_app(self, app: FastAPI) -> FastAPI:
-        """Add `POST /v1/messages` (unless the server defines its own), then the usual final steps."""
+        """Add `POST /v1/messages` (unless the server defines its own) and streaming on the three routes
+        (`servers/stream_adapter.py`), then the usual final steps."""
         if not any(getattr(route, "path", None) == MESSAGES_PATH for route in app.router.routes):
             app.post(MESSAGES_PATH, include_in_schema=True)(self.messages)
+        if not any(middleware.cls is StreamAdapter for middleware in app.user_middleware):
+            app.add_middleware(StreamAdapter)
         return super().prepare_app(app)
 
     async def messages(self, request: Request) -> Response:
@@ -82,8 +86,6 @@ class SimpleResponsesAPIModel(BaseResponsesAPIModel, SimpleServer):
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError as exc:
             return _anthropic_error_response(400, f"the request body is not JSON: {exc}")
-        if isinstance(body, dict) and body.get("stream"):
-            return _anthropic_error_response(400, "streaming (`stream: true`) is not supported on /v1/messages yet")
         try:
             params, dropped = messages_to_responses_params(body)
             validated = NeMoGymResponseCreateParamsNonStreaming.model_validate(params)

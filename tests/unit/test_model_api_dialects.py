@@ -1,4 +1,5 @@
-"""`POST /v1/messages` on every model server, called with the official `anthropic` SDK.
+"""Every model server's dialects with the official SDKs: Anthropic Messages (`anthropic`), and streaming on
+Responses, Chat Completions and Messages (`openai`, `anthropic`).
 
 The model servers run for real (uvicorn, served the way `ng_run` serves them) in front of the fake LLM (a real
 OpenAI-compatible HTTP server); only the LLM is fake.
@@ -6,14 +7,27 @@ OpenAI-compatible HTTP server); only the LLM is fake.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from typing import Iterator
+import json
+import time
+from typing import ClassVar, Iterator
 
 import anthropic
+import httpx
+import openai
 import pytest
+from fastapi import Body
 
 from nemo_gym.api.anthropic_messages import MessagesConversionError, messages_to_responses_params, response_to_message
+from nemo_gym.api.schemas import (
+    NeMoGymChatCompletion,
+    NeMoGymChatCompletionCreateParamsNonStreaming,
+    NeMoGymResponse,
+    NeMoGymResponseCreateParamsNonStreaming,
+)
 from nemo_gym.servers.base import serving_app
+from nemo_gym.servers.model_server import SimpleResponsesAPIModel
 from nemo_gym.testing.fake_openai_server import build_app
 from nemo_gym.testing.live_server import live_server
 from nemo_gym.testing.servers import make_server
@@ -49,11 +63,88 @@ def serve(server) -> Iterator[anthropic.Anthropic]:
         yield anthropic.Anthropic(base_url=url, api_key="not-checked", max_retries=0)
 
 
-@pytest.fixture(params=["openai_model", "vllm_model"])
+FACTORIES = {"openai_model": _openai_model, "vllm_model": _vllm_model}
+
+
+@pytest.fixture(params=list(FACTORIES))
 def client(request, upstream):
-    factory = {"openai_model": _openai_model, "vllm_model": _vllm_model}[request.param]
-    with serve(factory(upstream)) as sdk:
+    with serve(FACTORIES[request.param](upstream)) as sdk:
         yield sdk
+
+
+@pytest.fixture(params=list(FACTORIES))
+def openai_client(request, upstream):
+    with live_server(serving_app(FACTORIES[request.param](upstream).build_app())) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="not-checked", max_retries=0)
+
+
+OPENAI_WEATHER_TOOL = {"type": "function", "name": WEATHER_TOOL["name"], "description": WEATHER_TOOL["description"],
+                       "parameters": WEATHER_TOOL["input_schema"], "strict": False}
+CHAT_WEATHER_TOOL = {"type": "function", "function": {"name": WEATHER_TOOL["name"],
+                                                      "parameters": WEATHER_TOOL["input_schema"]}}
+
+
+def test_streamed_messages_round_trip_matches_the_unstreamed_answer(client):
+    request = dict(model="claude-like", max_tokens=64, tools=[WEATHER_TOOL],
+                   messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    with client.messages.stream(**request) as stream:
+        kinds = [event.type for event in stream]
+        streamed = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "content_block_delta" in kinds
+    unstreamed = client.messages.create(**request)
+    assert streamed.stop_reason == unstreamed.stop_reason == "tool_use"
+    assert [b.model_dump(exclude={"id"}) for b in streamed.content] == [b.model_dump(exclude={"id"}) for b in unstreamed.content]
+    tool_use = streamed.content[-1]
+    with client.messages.stream(model="claude-like", max_tokens=64, tools=[WEATHER_TOOL], messages=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": [block.model_dump() for block in streamed.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "cold"}]},
+    ]) as stream:
+        assert stream.get_final_text() == "echo: Weather in Oslo?"
+
+
+def test_streamed_responses_with_the_openai_sdk(openai_client):
+    events = list(openai_client.responses.create(model="m", input="Weather in Oslo?", tools=[OPENAI_WEATHER_TOOL],
+                                                 stream=True))
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert "response.function_call_arguments.delta" in kinds
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    call = events[-1].response.output[0]
+    assert call.type == "function_call" and call.name == "get_weather"
+
+    with openai_client.responses.stream(model="m", tools=[OPENAI_WEATHER_TOOL], input=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "cold"},
+    ]) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == "echo: Weather in Oslo?"
+
+
+def test_streamed_chat_completions_with_the_openai_sdk(openai_client):
+    chunks = list(openai_client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[CHAT_WEATHER_TOOL],
+        stream=True, stream_options={"include_usage": True},
+    ))
+    calls = [call for chunk in chunks if chunk.choices for call in (chunk.choices[0].delta.tool_calls or ())]
+    assert calls[0].function.name == "get_weather"
+    assert json.loads("".join(call.function.arguments or "" for call in calls)) == {"city": "Oslo"}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens > 0
+
+    text = "".join(
+        chunk.choices[0].delta.content or "" for chunk in openai_client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hello"}], stream=True) if chunk.choices
+    )
+    assert text.startswith("echo: Hello")
+
+
+def test_streamed_errors_are_the_sdks_typed_errors(openai_client):
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        openai_client.responses.create(model="m", input="hi", max_output_tokens="many", stream=True)
+    assert "max_output_tokens" in caught.value.message
 
 
 def test_tool_use_then_tool_result_round_trip(client):
@@ -84,8 +175,9 @@ def test_bad_requests_raise_the_sdks_typed_errors(client):
         client.messages.create(model="m", max_tokens=16, messages=[{"role": "system", "content": "no such role"}])
     assert "role must be" in caught.value.message
     assert caught.value.body["error"]["type"] == "invalid_request_error"
-    with pytest.raises(anthropic.BadRequestError, match="streaming"):
-        client.messages.create(model="m", max_tokens=16, stream=True, messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(anthropic.BadRequestError, match="role must be"):
+        with client.messages.stream(model="m", max_tokens=16, messages=[{"role": "robot", "content": "hi"}]) as stream:
+            stream.get_final_message()
 
 
 def test_a_backend_error_comes_back_in_anthropics_shape():
@@ -145,3 +237,36 @@ def test_conversion_of_every_supported_block_and_field():
     assert message["content"][0] == {"type": "thinking", "thinking": "think", "signature": ""}
     assert message["content"][1] == {"type": "text", "text": "cut", "generation_token_ids": [1, 2]}
     assert message["usage"] == {"input_tokens": 3, "output_tokens": 4}
+
+
+class SlowModel(SimpleResponsesAPIModel):
+    """Answers after 30 s unless cancelled; records what happened."""
+
+    outcome: ClassVar[list] = []
+
+    async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> NeMoGymResponse:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.outcome.append("cancelled")
+            raise
+        self.outcome.append("finished")  # pragma: no cover - the test hangs up first
+
+    async def chat_completions(self, body: NeMoGymChatCompletionCreateParamsNonStreaming = Body()) -> NeMoGymChatCompletion:
+        raise NotImplementedError  # pragma: no cover
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/responses", {"input": "hi", "stream": True}),
+    ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "stream": True}),
+])
+def test_a_client_that_hangs_up_cancels_the_backend_call(path, body):
+    SlowModel.outcome.clear()
+    server = make_server(SlowModel, name="slow_model")
+    with live_server(serving_app(server.build_app())) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + path, json=body, timeout=httpx.Timeout(5.0, read=0.5))  # hangs up after 0.5 s
+        deadline = time.monotonic() + 10
+        while not SlowModel.outcome and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert SlowModel.outcome == ["cancelled"]
