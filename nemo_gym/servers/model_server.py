@@ -2,30 +2,17 @@
 
 Routes: `POST /v1/responses` (`NeMoGymResponseCreateParamsNonStreaming` -> `NeMoGymResponse`) and
 `POST /v1/chat/completions` (`NeMoGymChatCompletionCreateParamsNonStreaming` -> `NeMoGymChatCompletion`), which a
-server implements, and `POST /v1/messages` (Anthropic Messages), which every model server gets from this base:
-converted to a Responses call on the server's own `responses` and back (`nemo_gym/api/anthropic_messages.py`).
-`"stream": true` on all three is served as each API's server-sent events (`servers/stream_adapter.py`). The session's `session_id` identifies a rollout (e.g. to pin it to one backend).
+server implements, and `POST /v1/messages` (Anthropic Messages) and `"stream": true` on all three, which every
+model server gets from this base (`servers/dialects.py`). The session's `session_id` identifies a rollout (e.g.
+to pin it to one backend).
 """
 
 from __future__ import annotations
 
-import inspect
-import sys
-import traceback
 from abc import abstractmethod
-from typing import Any
 
-import orjson
-from fastapi import Body, FastAPI, Request
-from fastapi.responses import Response
-from pydantic import BaseModel, ValidationError
+from fastapi import Body, FastAPI
 
-from nemo_gym.api.anthropic_messages import (
-    MessagesConversionError,
-    anthropic_error,
-    messages_to_responses_params,
-    response_to_message,
-)
 from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.api.schemas import (
     NeMoGymChatCompletion,
@@ -34,12 +21,9 @@ from nemo_gym.api.schemas import (
     NeMoGymResponseCreateParamsNonStreaming,
 )
 from nemo_gym.servers.base import BaseServer, SimpleServer
-from nemo_gym.servers.stream_adapter import StreamAdapter
+from nemo_gym.servers.dialects import DialectsMixin
 
 __all__ = ["BaseResponsesAPIModelConfig", "BaseResponsesAPIModel", "SimpleResponsesAPIModel"]
-
-MESSAGES_PATH = "/v1/messages"
-DROPPED_FIELDS_HEADER = "x-nemo-gym-dropped-fields"
 
 
 class BaseResponsesAPIModelConfig(BaseRunServerInstanceConfig):
@@ -50,8 +34,9 @@ class BaseResponsesAPIModel(BaseServer):
     config: BaseResponsesAPIModelConfig
 
 
-class SimpleResponsesAPIModel(BaseResponsesAPIModel, SimpleServer):
-    """A model server as a FastAPI app with `/v1/chat/completions` and `/v1/responses`."""
+class SimpleResponsesAPIModel(DialectsMixin, BaseResponsesAPIModel, SimpleServer):
+    """A model server as a FastAPI app with `/v1/chat/completions` and `/v1/responses` (plus `/v1/messages` and
+    streaming from `DialectsMixin`)."""
 
     def setup_webserver(self) -> FastAPI:
         return self._app_with_post_routes(
@@ -67,86 +52,3 @@ class SimpleResponsesAPIModel(BaseResponsesAPIModel, SimpleServer):
     @abstractmethod
     async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> NeMoGymResponse:
         """One Responses API call."""
-
-    # -- Anthropic Messages, on top of `responses` ------------------------------------------------------------
-
-    def prepare_app(self, app: FastAPI) -> FastAPI:
-        """Add `POST /v1/messages` (unless the server defines its own) and streaming on the three routes
-        (`servers/stream_adapter.py`), then the usual final steps."""
-        if not any(getattr(route, "path", None) == MESSAGES_PATH for route in app.router.routes):
-            app.post(MESSAGES_PATH, include_in_schema=True)(self.messages)
-        if not any(middleware.cls is StreamAdapter for middleware in app.user_middleware):
-            app.add_middleware(StreamAdapter)
-        return super().prepare_app(app)
-
-    async def messages(self, request: Request) -> Response:
-        """One Anthropic Messages call: converted to a Responses call on this server and back; errors in
-        Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`) with the status the SDKs expect."""
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError as exc:
-            return _anthropic_error_response(400, f"the request body is not JSON: {exc}")
-        try:
-            params, dropped = messages_to_responses_params(body)
-            validated = NeMoGymResponseCreateParamsNonStreaming.model_validate(params)
-        except MessagesConversionError as exc:
-            return _anthropic_error_response(400, str(exc))
-        except ValidationError as exc:
-            return _anthropic_error_response(400, f"the request does not convert to a valid Responses request: {exc}")
-        if dropped:
-            print(
-                f"{self.get_session_middleware_key()} POST {MESSAGES_PATH}: dropped request fields with no Responses "
-                f"equivalent: {', '.join(sorted(dropped))}",
-                file=sys.stderr,
-                flush=True,
-            )
-        try:
-            result = await self.responses(**self._responses_arguments(request, validated))
-        except Exception as exc:  # answered in Anthropic's shape; the traceback goes to the log
-            traceback.print_exc()
-            return _anthropic_error_response(500, f"{type(exc).__name__}: {exc}")
-        if isinstance(result, Response):
-            data = _json_or_text(result.body)
-            if result.status_code >= 400:
-                return _anthropic_error_response(result.status_code, _error_message(data))
-        elif isinstance(result, BaseModel):
-            data = result.model_dump(mode="json", exclude_none=True)
-        else:
-            data = result
-        if not isinstance(data, dict):
-            return _anthropic_error_response(500, f"the model server's Response is not an object: {str(data)[:500]}")
-        headers = {DROPPED_FIELDS_HEADER: ",".join(sorted(dropped))} if dropped else None
-        return Response(orjson.dumps(response_to_message(data, body.get("model"))), media_type="application/json", headers=headers)
-
-    def _responses_arguments(self, request: Request, body: Any) -> dict:
-        """Keyword arguments for this server's `responses`: the validated body, and the `Request` if it takes one."""
-        arguments = {}
-        for name, parameter in inspect.signature(self.responses).parameters.items():
-            annotation = parameter.annotation
-            if annotation is Request or annotation == "Request" or name == "request":
-                arguments[name] = request
-            else:
-                arguments[name] = body
-        return arguments
-
-
-def _anthropic_error_response(status: int, message: str) -> Response:
-    return Response(orjson.dumps(anthropic_error(status, message)), status_code=status, media_type="application/json")
-
-
-def _json_or_text(raw: bytes) -> Any:
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return raw.decode("utf-8", errors="replace")
-
-
-def _error_message(data: Any) -> str:
-    """The message of an error body in OpenAI's (`{"error": {"message"}}`), FastAPI's (`detail`) or any shape."""
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and error.get("message") is not None:
-            return str(error["message"])
-        if data.get("detail") is not None:
-            return str(data["detail"])
-    return str(data)[:2000]

@@ -126,6 +126,22 @@ def test_v1_responses_directly(stack):
     assert "SimpleModelServer___policy_model" in answer.cookies
 
 
+def test_the_agent_answers_the_sdks_dialects_too(stack):
+    """A harness pointed at the agent: Anthropic Messages and streamed Responses, with the official SDKs."""
+    import anthropic
+    import openai
+
+    url = stack["shopping_simple_agent"]
+    message = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0).messages.create(
+        model="agent", max_tokens=64, messages=[{"role": "user", "content": "hello from a harness"}]
+    )
+    assert message.stop_reason == "end_turn" and message.content[0].text == "harness says: hello from a harness"
+    events = list(openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0).responses.create(
+        model="agent", input="hello from a harness", stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert events[-1].response.output_text == "harness says: hello from a harness"
+
+
 def test_scripted_backend_chat_completions_through_the_model_server(stack):
     url = stack["policy_model"] + "/v1/chat/completions"
     tools = [{"type": "function", "function": {"name": "append_item", "parameters": {"type": "object"}}}]
