@@ -3,9 +3,10 @@
 Compatible with NeMo Gym v0.2 (same parameters, indices and files), with these additions:
 
 - **Streaming, bounded memory.** The input is read line by line and at most `num_samples_in_parallel` rollouts
-  (1024 when unset) are in flight; no list of rows is ever built. The only per-row state that grows is the map
-  from a line's hash to its task index (16-byte digests), plus, on resume, the set of finished (task, rollout)
-  keys.
+  (1024 when unset) are in flight; no list of rows is ever built. The per-line state, the map from a line's hash
+  to its task index (16-byte digests), is a dict for up to 16k distinct lines and then moves to a temporary
+  SQLite file with a bounded cache; on resume the finished (task, rollout) keys are one bit per materialized
+  row (`nemo_gym.rollouts.row_keys`).
 - **Validation first.** One streaming pass over the input checks every line that will be used (valid JSON, an
   object, `responses_create_params` that the strict Responses model accepts, an agent, an agent the running
   stack has) and reports every problem as `file:line: ...` before any rollout starts. The same pass writes
@@ -38,7 +39,6 @@ import os
 import re
 import sys
 import time
-from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Optional, Union
@@ -47,6 +47,7 @@ import orjson
 from pydantic import Field, ValidationError
 
 from nemo_gym.rollouts.jsonl import iter_jsonl_objects
+from nemo_gym.rollouts.row_keys import FinishedRollouts, RolloutKeySpace, TaskIndexMap
 from nemo_gym.config.types import AGENT_SERVER_TYPE, BaseNeMoGymCLIConfig, format_validation_errors
 from nemo_gym.errors import NeMoGymConfigError, did_you_mean
 
@@ -274,7 +275,8 @@ class RowPreprocessor:
     and emit `num_repeats` independent rows with `_ng_rollout_index` = the task's running rollout count and,
     with `num_repeats_add_seed`, `responses_create_params.seed` = that rollout index.
 
-    State kept: line digest -> task index, and the next rollout index per task (8 bytes each).
+    State kept: line digest -> (task index, next rollout index), a `TaskIndexMap` (a dict for the first
+    `spill_after` distinct lines, then a temporary SQLite file); `close()` frees it.
     """
 
     def __init__(
@@ -286,6 +288,7 @@ class RowPreprocessor:
         responses_create_params: Optional[Mapping[str, Any]] = None,
         known_agents: Optional[Iterable[str]] = None,
         validate_params: bool = True,
+        spill_after: Optional[int] = None,
     ) -> None:
         self.agent_name = agent_name
         self.num_repeats = 1 if num_repeats is None else int(num_repeats)
@@ -299,12 +302,15 @@ class RowPreprocessor:
             from nemo_gym.api.schemas import NeMoGymResponseCreateParamsNonStreaming
 
             self._params_model = NeMoGymResponseCreateParamsNonStreaming
-        self._task_of_digest: dict[bytes, int] = {}
-        self._next_rollout = array("q")
+        self._tasks = TaskIndexMap() if spill_after is None else TaskIndexMap(spill_after)
 
     @property
     def num_tasks(self) -> int:
-        return len(self._next_rollout)
+        return len(self._tasks)
+
+    def close(self) -> None:
+        """Free the task-index map (and its temporary file); the preprocessor cannot materialize after this."""
+        self._tasks.close()
 
     def check_line(self, line: bytes) -> dict:
         """Parse and check one line; return the preprocessed row (without indices) or raise `_RowProblem`."""
@@ -344,21 +350,18 @@ class RowPreprocessor:
         return row
 
     def task_index(self, line: bytes) -> int:
-        digest = hashlib.blake2b(line, digest_size=16).digest()
-        index = self._task_of_digest.get(digest)
-        if index is None:
-            index = len(self._next_rollout)
-            self._task_of_digest[digest] = index
-            self._next_rollout.append(0)
-        return index
+        """The task index of a line (a new one for a line not seen yet); hands out no rollout index."""
+        return self._tasks.claim(hashlib.blake2b(line, digest_size=16).digest(), 0)[0]
+
+    def _claim(self, line: bytes) -> tuple[int, int]:
+        return self._tasks.claim(hashlib.blake2b(line, digest_size=16).digest(), self.num_repeats)
 
     def materialize(self, line: bytes, row: dict) -> Iterator[dict]:
         """The `num_repeats` rows of a checked line. The first is `row` itself, the others fresh copies."""
-        task = self.task_index(line)
+        task, first = self._claim(line)
         for i in range(self.num_repeats):
             copy = row if i == 0 else orjson.loads(orjson.dumps(row))
-            rollout = self._next_rollout[task]
-            self._next_rollout[task] = rollout + 1
+            rollout = first + i
             copy[TASK_INDEX_KEY_NAME] = task
             copy[ROLLOUT_INDEX_KEY_NAME] = rollout
             if self.add_seed:
@@ -377,12 +380,15 @@ def iter_materialized_rows(
 
     Raises `InputValidationError` naming `source:line` at the first bad line. Options: see `RowPreprocessor`."""
     pre = RowPreprocessor(**preprocessor_options)
-    for lineno, line in iter_input_lines(lines, limit):
-        try:
-            row = pre.check_line(line)
-        except _RowProblem as exc:
-            raise InputValidationError([InputProblem(source, lineno, str(exc))]) from None
-        yield from pre.materialize(line, row)
+    try:
+        for lineno, line in iter_input_lines(lines, limit):
+            try:
+                row = pre.check_line(line)
+            except _RowProblem as exc:
+                raise InputValidationError([InputProblem(source, lineno, str(exc))]) from None
+            yield from pre.materialize(line, row)
+    finally:
+        pre.close()
 
 
 @dataclass
@@ -439,10 +445,11 @@ def materialize_input_file(
                 "collect. Check +input_jsonl_fpath: one JSON object per line, each with `responses_create_params`."
             )
         os.replace(tmp, materialized_path)
+        stats.num_tasks = pre.num_tasks
     finally:
+        pre.close()
         if tmp.exists():
             tmp.unlink()
-    stats.num_tasks = pre.num_tasks
     return stats
 
 
@@ -534,10 +541,11 @@ def repair_jsonl_tail(path: Path) -> int:
         return size - keep
 
 
-def read_finished_keys(path: Path) -> tuple[set[int], int]:
+def read_finished_keys(path: Path, into: Any = None) -> tuple[Any, int]:
     """The (task, rollout) keys (packed ints) of the rollouts in an output file, and the number of unreadable
-    lines that were ignored."""
-    keys: set[int] = set()
+    lines that were ignored. The keys go into a new set, or into `into` (anything with `add(key)`, e.g. a
+    `FinishedRollouts` bitmap of the materialized rows, which keeps only the keys of those rows)."""
+    keys: Any = set() if into is None else into
     bad = 0
     if not path.exists():
         return keys, bad
@@ -559,8 +567,10 @@ def read_finished_keys(path: Path) -> tuple[set[int], int]:
     return keys, bad
 
 
-def iter_pending_rows(materialized_path: Path, finished: Optional[set[int]] = None) -> Iterator[dict]:
-    """Stream the rows of a materialized-inputs file whose (task, rollout) is not in `finished`."""
+def iter_pending_rows(
+    materialized_path: Path, finished: Optional[Union[set[int], FinishedRollouts]] = None
+) -> Iterator[dict]:
+    """Stream the rows of a materialized-inputs file whose (task, rollout) (packed key) is not in `finished`."""
     with open(materialized_path, "rb") as f:
         for line in f:
             line = line.strip()
@@ -1033,12 +1043,13 @@ def run_from_config(
             known_agents=known_agents,
         )
 
-    finished: set[int] = set()
+    finished: Union[set[int], FinishedRollouts] = set()
     if resume:
         cut = repair_jsonl_tail(paths.output)
         if cut:
             _err(f"Removed a torn last line ({cut} bytes) from {paths.output}; that rollout runs again.")
-        finished, bad = read_finished_keys(paths.output)
+        space = RolloutKeySpace.from_pairs(lambda: iter_materialized_pairs(paths.materialized_inputs))
+        finished, bad = read_finished_keys(paths.output, into=FinishedRollouts(space))
         if bad:
             _err(f"Warning: {bad} unreadable line(s) in {paths.output} were ignored.")
     else:
@@ -1104,12 +1115,18 @@ def run_from_config(
 
 def iter_materialized_keys(materialized_path: Path) -> Iterator[int]:
     """The packed (task, rollout) key of every row of a materialized-inputs file."""
+    for task, rollout in iter_materialized_pairs(materialized_path):
+        yield _key(task, rollout)
+
+
+def iter_materialized_pairs(materialized_path: Path) -> Iterator[tuple[int, int]]:
+    """The (task, rollout) of every row of a materialized-inputs file, in file order."""
     with open(materialized_path, "rb") as f:
         for line in f:
             line = line.strip()
             if line:
                 row = orjson.loads(line)
-                yield _key(row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME])
+                yield row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]
 
 
 def _print_outcome(outcome: CollectionOutcome) -> None:
