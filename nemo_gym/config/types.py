@@ -215,6 +215,11 @@ class BaseRunServerConfig(BaseServerConfig):
     ray: bool = False
     # Overrides of the global `restart_policy` for this server (runtime/launcher.py).
     restart_policy: Optional[RestartPolicy] = None
+    # How many processes serve this block (Ray Serve's name; docs/design.md, decision 22). Replica 0 listens on
+    # `port`, replica i on `replica_ports[i]` (ng_run reserves them and writes the list into the config its
+    # children and the head server see; a list written in the config is used as is).
+    num_replicas: int = Field(default=1, ge=1)
+    replica_ports: Optional[list[int]] = None
 
 
 class BaseRunServerInstanceConfig(BaseRunServerConfig):

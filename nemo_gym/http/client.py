@@ -14,6 +14,12 @@ Behaviour (NeMo Gym v0.2 compatible):
 
 - **Addressing**: host/port sit three levels under `global_config_dict[server_id]`
   (`server_id -> server_type -> impl -> {host, port}`); resolved base URLs are cached per server id.
+- **Replicas** (docs/design.md, decision 22; not in v0.2): a block with `replica_ports` (written by `ng_run` for
+  `num_replicas` > 1) has one process per port. A call that carries this server's session cookie (name ending
+  in `___<server_id>`) goes to the replica whose index the cookie's payload holds (`_replica`, read without
+  checking the signature), so a rollout's calls stay where its session state is; any other call goes to the
+  replica with the fewest requests in flight from this client, ties broken round-robin. Servers with one
+  replica take none of this path.
 - **Bodies**: `json=` may be a pydantic model (dumped with `exclude_unset=True`) or plain data; it is
   serialized to bytes (orjson for plain data, pydantic's Rust serializer for models; nested models inside
   plain data go through orjson's `default` hook) and sent as content with `Content-Type: application/json`.
@@ -68,6 +74,7 @@ from yarl import URL
 from nemo_gym.config.values import config_get, is_mapping
 from nemo_gym.errors import did_you_mean
 from nemo_gym.http.lean_client import LeanClient
+from nemo_gym.http.sessions import replica_of_cookie
 from nemo_gym.http.retry import (
     DEFAULT_BACKOFF_BASE,
     DEFAULT_BACKOFF_MAX,
@@ -782,6 +789,84 @@ def _coerce_timeout(timeout: Any) -> dict:
     return httpx.Timeout(timeout).as_dict()
 
 
+class Replicas:
+    """The replicas of one server (a block with several `replica_ports`) as one `ServerClient` sees them: their
+    base URLs, this client's requests in flight to each, and how a call picks one (`choose`)."""
+
+    __slots__ = ("bases", "in_flight", "suffix", "_next", "_urls", "_sticky")
+
+    def __init__(self, server_name: str, bases: list[str]) -> None:
+        self.bases = bases
+        self.in_flight = [0] * len(bases)
+        self.suffix = "___" + str(server_name)  # the end of this server's session cookie name
+        self._next = 0
+        self._urls: list[dict[str, URL]] = [{} for _ in bases]
+        self._sticky: dict[Any, Optional[int]] = {}  # cookie value -> replica in its payload (bounded)
+
+    def __len__(self) -> int:
+        return len(self.bases)
+
+    def least_loaded(self) -> int:
+        """The replica with the fewest requests in flight from this client; among equals, the first after the
+        one chosen last, so ties go round-robin."""
+        in_flight = self.in_flight
+        n = len(in_flight)
+        best = start = self._next
+        best_load = in_flight[start]
+        for k in range(1, n):
+            i = start + k
+            if i >= n:
+                i -= n
+            if in_flight[i] < best_load:
+                best, best_load = i, in_flight[i]
+        self._next = best + 1 if best + 1 < n else 0
+        return best
+
+    def pinned(self, cookies: CookiesLike) -> Optional[int]:
+        """The replica named by this server's session cookie among `cookies`, or None (no such cookie, or one
+        without a usable `_replica`)."""
+        suffix = self.suffix
+        if isinstance(cookies, httpx.Cookies):
+            pairs: Any = ((c.name, c.value) for c in cookies.jar)
+        elif hasattr(cookies, "items"):
+            pairs = cookies.items()
+        else:
+            return None
+        for name, value in pairs:
+            if not isinstance(name, str) or not name.endswith(suffix):
+                continue
+            key = value if isinstance(value, (str, bytes)) else getattr(value, "value", None)
+            replica = self._sticky.get(key, -1) if key is not None else -1
+            if replica == -1:
+                replica = replica_of_cookie(value)
+                if key is not None:
+                    if len(self._sticky) >= 4096:
+                        self._sticky.clear()
+                    self._sticky[key] = replica
+            if replica is not None and replica < len(self.bases):
+                return replica
+        return None
+
+    def choose(self, cookies: CookiesLike) -> int:
+        """The replica a call goes to: the one its session cookie pins, else the least loaded."""
+        if cookies:
+            replica = self.pinned(cookies)
+            if replica is not None:
+                return replica
+        return self.least_loaded()
+
+    def url(self, replica: int, url_path: str) -> URL:
+        urls = self._urls[replica]
+        url = urls.get(url_path)
+        if url is None:
+            path = url_path if not url_path or url_path.startswith("/") else "/" + url_path
+            url = URL(self.bases[replica] + path)
+            if len(urls) >= 4096:
+                urls.clear()
+            urls[url_path] = url
+        return url
+
+
 class ServerClient(RetryingClient):
     """Calls other servers of the stack by server id.
 
@@ -810,6 +895,8 @@ class ServerClient(RetryingClient):
         self.timeout = httpx.Timeout(**self._timeout_dict)
         self._base_urls: dict[str, str] = {}
         self._urls: dict[tuple[str, str], URL] = {}  # parsed URLs per (server, path): parsing is costly
+        # Servers with several replicas only (empty for most stacks, so the check per request is one test).
+        self._replicas: dict[str, Replicas] = {}
         self._client_timeout = _client_timeout(self._timeout_dict)
         # A transport of your own (tests: httpx.MockTransport; benchmarks); None = the shared one per loop.
         self._transport = transport
@@ -829,6 +916,7 @@ class ServerClient(RetryingClient):
         self._global_config_dict = value
         self._base_urls.clear()
         self._urls.clear()
+        self._replicas.clear()
 
     def base_url(self, server_name: str) -> str:
         """`http://host:port` of a server id (cached)."""
@@ -836,7 +924,30 @@ class ServerClient(RetryingClient):
         if url is None:
             url = self._resolve_base_url(server_name)
             self._base_urls[server_name] = url
+            bases = self._resolve_replica_urls(server_name, url)
+            if len(bases) > 1:
+                self._replicas[server_name] = Replicas(server_name, bases)
+            else:
+                self._replicas.pop(server_name, None)
         return url
+
+    def replicas(self, server_name: str) -> Optional[Replicas]:
+        """The replicas of a server with several (`replica_ports` in its block), else None."""
+        self.base_url(server_name)
+        return self._replicas.get(server_name)
+
+    def _resolve_replica_urls(self, server_name: str, base: str) -> list[str]:
+        """Base URLs of every replica: `base` with each of the block's `replica_ports` (just `[base]` without)."""
+        try:
+            from nemo_gym.config.global_config import get_first_server_config_dict
+
+            ports = get_first_server_config_dict(self.global_config_dict, server_name).get("replica_ports")
+        except Exception:
+            return [base]
+        if not ports or len(ports) < 2:
+            return [base]
+        host = base.rsplit(":", 1)[0]
+        return [base, *(f"{host}:{int(port)}" for port in list(ports)[1:])]
 
     def _build_url(self, server_name: str, url_path: str) -> URL:
         base = self.base_url(server_name)
@@ -958,6 +1069,11 @@ class ServerClient(RetryingClient):
         url = self._urls.get((server_name, url_path))
         if url is None:
             url = self._build_url(server_name, url_path)
+        replicas = self._replicas.get(server_name) if self._replicas else None
+        replica = -1
+        if replicas is not None:  # several processes serve it: the session's one, else the least loaded
+            replica = replicas.choose(cookies)
+            url = replicas.url(replica, url_path)
 
         header_map: dict[str, str] = {}
         body: Optional[bytes] = None
@@ -1023,12 +1139,24 @@ class ServerClient(RetryingClient):
                 wrapped.server_name = server_name
                 return wrapped
 
-        outcome = await self.retry_policy.run(
-            send,
-            idempotent=idempotent,
-            label=lambda: f"{method} {url} (server `{server_name}`)",
-            max_attempts=max_attempts,
-        )
+        if replica < 0:
+            outcome = await self.retry_policy.run(
+                send,
+                idempotent=idempotent,
+                label=lambda: f"{method} {url} (server `{server_name}`)",
+                max_attempts=max_attempts,
+            )
+        else:
+            replicas.in_flight[replica] += 1
+            try:
+                outcome = await self.retry_policy.run(
+                    send,
+                    idempotent=idempotent,
+                    label=lambda: f"{method} {url} (server `{server_name}`, replica {replica})",
+                    max_attempts=max_attempts,
+                )
+            finally:
+                replicas.in_flight[replica] -= 1
         attempt = outcome.attempts
         if outcome.error is not None:
             error = outcome.error

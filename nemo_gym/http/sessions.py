@@ -25,6 +25,12 @@ Differences from the reference (NeMo Gym v0.2):
   rewrites `session_id` on each request to get the same effect), so callers that thread cookies by hand
   (`cookies=response.cookies`) always keep the session.
 
+* Replicas (docs/design.md, decision 22): a server started as several processes (`num_replicas`) tells its
+  middleware its replica index (`replica=`, from `NEMO_GYM_REPLICA`); the index is written into every session
+  it mints or re-signs under `REPLICA_KEY` (`_replica`), so `ServerClient` can read the (signed but plain
+  base64url JSON) payload and send the rest of the rollout to the replica that holds its state
+  (`replica_of_cookie`). A server with one replica writes no such key.
+
 Cost per request: parse one header, one HMAC over ~100 bytes and one orjson decode on the way in; one orjson
 encode on the way out. When the handler did not change the session, the incoming cookie value is re-sent
 as is (no second HMAC).
@@ -54,9 +60,16 @@ __all__ = [
     "export_session_secret_to_env",
     "encode_session_cookie",
     "decode_session_cookie",
+    "REPLICA_KEY",
+    "REPLICA_ENV_VAR_NAME",
+    "replica_of_cookie",
 ]
 
 SESSION_ID_KEY = "session_id"
+# The serving replica's index in a session payload, and the env var `ng_run` sets in each replica's process
+# (only for servers with `num_replicas` > 1).
+REPLICA_KEY = "_replica"
+REPLICA_ENV_VAR_NAME = "NEMO_GYM_REPLICA"
 # Used only to hand one launch's secret from a server's main process to its own uvicorn workers.
 SESSION_SECRET_ENV_VAR_NAME = "NEMO_GYM_SESSION_SECRET"
 # Same lifetime as Starlette's SessionMiddleware default (14 days); a relaunch invalidates cookies anyway.
@@ -161,6 +174,30 @@ def decode_session_cookie(value: str | bytes, cookie_name: str, secret: Optional
     return None if result is None else result[0]
 
 
+def replica_of_cookie(value: Any) -> Optional[int]:
+    """The replica index (`_replica`) in a session cookie value, read without checking the signature (the
+    server checks it; a client only needs to know where to send the request), or None when there is none."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    elif not isinstance(value, str):
+        value = getattr(value, "value", None)  # a Morsel
+        if not isinstance(value, str):
+            return None
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    payload, dot, _ = value.rpartition(".")
+    if not dot or not payload:
+        return None
+    try:
+        session = orjson.loads(_b64decode(payload.encode("ascii")))
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        return None
+    if not isinstance(session, dict):
+        return None
+    replica = session.get(REPLICA_KEY)
+    return replica if type(replica) is int and replica >= 0 else None
+
+
 def _verify(raw: bytes, name: bytes, mac: _HmacSha256) -> Optional[tuple[dict, bytes]]:
     """(session, decoded JSON bytes) for a valid cookie value, else None."""
     payload, dot, signature = raw.rpartition(b".")
@@ -197,8 +234,11 @@ class SessionCookieMiddleware:
         https_only: bool = False,
         refuse_unknown_cookies: bool = False,
         seed_paths: tuple[str, ...] = ("/seed_session",),
+        replica: Optional[int] = None,
     ) -> None:
         self.app = app
+        # This process's replica index, written into every session it sends (None: a single-process server).
+        self.replica = replica
         self.refuse_unknown_cookies = refuse_unknown_cookies
         self.seed_paths = frozenset(seed_paths)
         self.cookie_name = cookie_name
@@ -246,6 +286,7 @@ class SessionCookieMiddleware:
             return
 
         session, raw, data, unknown = self._load(scope["headers"])
+        replica = self.replica
         if unknown and self.refuse_unknown_cookies and scope_type == "http" and scope["path"] not in self.seed_paths:
             await self._refuse(send)
             return
@@ -261,6 +302,8 @@ class SessionCookieMiddleware:
             if message["type"] == "http.response.start":
                 current = scope["session"]
                 if current:
+                    if replica is not None and current.get(REPLICA_KEY) != replica:
+                        current[REPLICA_KEY] = replica
                     dumped = orjson.dumps(current)
                     if raw is not None and dumped == data:
                         value = raw  # unchanged: re-send the cookie we got, no second signature

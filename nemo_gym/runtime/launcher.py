@@ -14,6 +14,10 @@ Why it looks like this:
   `restart_policy`. After `max_restarts` within `window_s` the server is marked failed (its socket is closed, so
   clients fail fast) and `ng_status` shows it; `ng_run` then exits 1 when stopped. A server that fails while the
   stack starts is not restarted: `ng_run` exits with its error.
+- Replicas (docs/design.md, decision 22): a block with `num_replicas: N` (and no `ray_actor_options`) is started
+  as N processes, each on its own reserved port and supervised on its own (`ServerProcess.replica`); the ports
+  are written into the config as the block's `replica_ports`, so clients and the head server know every replica.
+  With `num_replicas: 1` (the default) nothing of this happens.
 """
 
 from __future__ import annotations
@@ -78,6 +82,15 @@ class ServerProcess:
     next_restart_at: float = 0.0
     health_failures: int = 0
     kill_reason: Optional[str] = None
+    # Which process of a `num_replicas` block this is (0 for a single-process server).
+    replica: int = 0
+    num_replicas: int = 1
+
+    @property
+    def label(self) -> str:
+        """The server id, with `[i]` for a replica of a block with several."""
+        sid = self.spec.server_id
+        return sid if self.num_replicas == 1 else f"{sid}[{self.replica}]"
 
     @property
     def url(self) -> str:
@@ -102,6 +115,8 @@ class ServerProcess:
             "restarts": self.restarts,
             "last_exit_code": self.last_exit_code,
             "last_exit_time": self.last_exit_time,
+            "replica": self.replica,
+            "num_replicas": self.num_replicas,
         }
 
     def exit_report(self) -> str:
@@ -110,7 +125,7 @@ class ServerProcess:
         why = f" ({self.kill_reason})" if self.kill_reason else ""
         lines = "\n".join(f"    {line}" for line in self.tail) or "    (no output)"
         return (
-            f"Server '{self.spec.server_id}' ({self.spec.server_type}/{self.spec.impl}) exited with code {code}{why}.\n"
+            f"Server '{self.label}' ({self.spec.server_type}/{self.spec.impl}) exited with code {code}{why}.\n"
             f"  Last lines of its output:\n{lines}"
         )
 
@@ -200,11 +215,13 @@ class RunHelper:
         popen = server.popen  # this process's pipe, even once a restart has replaced `server.popen`
         assert popen is not None and popen.stdout is not None
         prefix = f"({server.spec.server_id}) "
+        ours = f"({server.label}) "
         for raw in iter(popen.stdout.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             server.tail.append(line)
-            # Children prefix their own lines; output from before that (venv, import errors) gets ours.
-            self.say(line if line.startswith(prefix) else prefix + line)
+            # Children prefix their own lines (with the server id; a replica's index is added here); output from
+            # before that (venv, import errors) gets ours.
+            self.say(ours + line[len(prefix):] if line.startswith(prefix) else ours + line)
         popen.stdout.close()
 
     # ------------------------------------------------------------------------------------------------ start
@@ -216,20 +233,63 @@ class RunHelper:
         for spec in specs:
             # Children resolve their own block; doing it here first turns an unset `${policy_base_url}` into one
             # clear error before anything starts, instead of a crash report from one child.
-            resolve_server_config(self.cfg, spec.server_id)
+            resolved = resolve_server_config(self.cfg, spec.server_id)
             server_dir = resolve_server_dir(spec, self.cwd)
             check_entrypoint(spec, server_dir)
             host = str(spec.config.get("host") or default_host)
             port = spec.config.get("port")
             if port is None:
                 raise NeMoGymConfigError(f"Server '{spec.server_id}' has no port (the config was not allocated).")
-            self.servers.append(
-                ServerProcess(
-                    spec=spec, server_dir=server_dir, host=host, port=int(port),
-                    policy=restart_policy_for(self.cfg, spec),
+            policy = restart_policy_for(self.cfg, spec)
+            ports = self._replica_ports(spec, resolved, host, int(port))
+            for replica, replica_port in enumerate(ports):
+                self.servers.append(
+                    ServerProcess(
+                        spec=spec, server_dir=server_dir, host=host, port=replica_port, policy=policy,
+                        replica=replica, num_replicas=len(ports),
+                    )
                 )
-            )
         self._reserve_explicit_ports()
+
+    def _replica_ports(self, spec: ServerInstanceSpec, resolved: dict, host: str, port: int) -> list[int]:
+        """The port of each replica of a block: `[port]` for one; for `num_replicas: N`, `port` then the block's
+        `replica_ports[1:]` when written, else N - 1 ports reserved here. The full list is written back into the
+        block (`replica_ports`), so the children's and the head server's config name every replica."""
+        key = f"{spec.server_id}.{spec.server_type}.{spec.impl}"
+        n = resolved.get("num_replicas", 1)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise NeMoGymConfigError(f"`{key}.num_replicas` must be an integer of at least 1, got {n!r}.")
+        if n == 1:
+            return [port]
+        if resolved.get("ray_actor_options") is not None:
+            raise NeMoGymConfigError(
+                f"Server '{spec.server_id}': `ray_actor_options` (replicas as Ray actors) is not supported yet; "
+                f"remove it to run `num_replicas: {n}` as local processes."
+            )
+        given = resolved.get("replica_ports")
+        if given is not None:
+            if not isinstance(given, list) or len(given) != n or any(isinstance(p, bool) or not isinstance(p, int) for p in given):
+                raise NeMoGymConfigError(
+                    f"`{key}.replica_ports` must be a list of {n} port numbers (one per replica), got {given!r}."
+                )
+            if given[0] != port:
+                raise NeMoGymConfigError(
+                    f"`{key}.replica_ports[0]` ({given[0]}) must be the block's `port` ({port}): replica 0 listens there."
+                )
+            ports = [int(p) for p in given]
+        else:
+            from nemo_gym.config.ports import reserve_port
+
+            low = int(self.cfg.get("port_range_low", 10001))
+            high = int(self.cfg.get("port_range_high", 20000))
+            disallowed = [int(p) for p in (self.cfg.get("disallowed_ports") or [])]
+            ports = [port]
+            for _ in range(n - 1):
+                ports.append(reserve_port(host, low=low, high=high, disallowed=[*disallowed, *ports]))
+        if len(set(ports)) != len(ports):
+            raise NeMoGymConfigError(f"`{key}.replica_ports` lists a port twice: {ports}.")
+        spec.config["replica_ports"] = ports
+        return ports
 
     def _reserve_explicit_ports(self) -> None:
         """Ports written in the config were not reserved while parsing; hold them now so a busy one fails early
@@ -261,7 +321,8 @@ class RunHelper:
             except BaseException as exc:  # reported below, with the server named
                 results[server.spec.server_id] = exc
 
-        threads = [threading.Thread(target=build, args=(s,), daemon=True) for s in self.servers]
+        firsts = [s for s in self.servers if s.replica == 0]  # replicas share their block's interpreter
+        threads = [threading.Thread(target=build, args=(s,), daemon=True) for s in firsts]
         for t in threads:
             t.start()
         for t in threads:
@@ -293,6 +354,10 @@ class RunHelper:
             env[NEMO_GYM_LISTEN_FD_ENV_VAR_NAME] = str(fd)
         else:
             env.pop(NEMO_GYM_LISTEN_FD_ENV_VAR_NAME, None)
+        if server.num_replicas > 1:
+            from nemo_gym.http.sessions import REPLICA_ENV_VAR_NAME
+
+            env[REPLICA_ENV_VAR_NAME] = str(server.replica)
         return env
 
     def start_ray(self) -> None:
@@ -359,7 +424,7 @@ class RunHelper:
             start_new_session=True,
         )
         server.reader = threading.Thread(
-            target=self._forward_output, args=(server,), name=f"out-{server.spec.server_id}", daemon=True
+            target=self._forward_output, args=(server,), name=f"out-{server.label}", daemon=True
         )
         server.reader.start()
 
@@ -374,9 +439,11 @@ class RunHelper:
         """Poll every server's `/health` until all answer 200; a child that exits meanwhile is a crash."""
         import httpx
 
+        from nemo_gym.runtime.status import health_client
+
         t0 = time.monotonic()
         last_progress = t0
-        with httpx.Client(timeout=httpx.Timeout(2.0, connect=0.5), trust_env=False) as client:
+        with health_client(timeout=httpx.Timeout(2.0, connect=0.5)) as client:
             while True:
                 if self._stop_requested.is_set():
                     raise KeyboardInterrupt
@@ -395,11 +462,11 @@ class RunHelper:
                     return time.monotonic() - t0
                 now = time.monotonic()
                 if now - t0 > timeout_s:
-                    waiting = ", ".join(s.spec.server_id for s in self.servers if not s.ready)
+                    waiting = ", ".join(s.label for s in self.servers if not s.ready)
                     raise ServerCrashed(f"Servers not ready after {timeout_s:.0f} s: {waiting}.")
                 if now - last_progress > 15:
                     ready = sum(s.ready for s in self.servers)
-                    waiting = ", ".join(s.spec.server_id for s in self.servers if not s.ready)
+                    waiting = ", ".join(s.label for s in self.servers if not s.ready)
                     self.say(f"{ready} / {len(self.servers)} servers ready; waiting for {waiting}")
                     last_progress = now
                 time.sleep(HEALTH_POLL_INTERVAL_S)
@@ -414,7 +481,7 @@ class RunHelper:
         for col in ("server", "kind", "implementation", "URL", "PID"):
             table.add_column(col)
         for s in self.servers:
-            table.add_row(s.spec.server_id, s.spec.server_type, s.spec.impl, s.url, str(s.popen.pid if s.popen else ""))
+            table.add_row(s.label, s.spec.server_type, s.spec.impl, s.url, str(s.popen.pid if s.popen else ""))
         head = f"http://{self.cfg.head_server.host}:{self.cfg.head_server.port}"
         table.add_row("head_server", "head", "-", head, str(os.getpid()))
         console = Console(file=self.out, width=140)
@@ -505,7 +572,7 @@ class RunHelper:
         """Kill a server that is alive but not serving; its exit is then handled (and restarted) like a crash."""
         if server.kill_reason is None:
             server.kill_reason = reason
-            self.say(f"WARNING: server '{server.spec.server_id}' {reason}: killing it (pid {server.popen.pid}).")
+            self.say(f"WARNING: server '{server.label}' {reason}: killing it (pid {server.popen.pid}).")
             self._kill_group(server)
 
     def _on_exit(self, server: ServerProcess, now: float) -> None:
@@ -525,7 +592,7 @@ class RunHelper:
             self.say(
                 f"ERROR: {server.exit_report()}\n  Restart budget spent ({recent} restart(s) within "
                 f"{policy.window_s:g} s, restart_policy.max_restarts={policy.max_restarts}): server "
-                f"'{server.spec.server_id}' is marked failed and stays down (ng_status shows it). Fix the error "
+                f"'{server.label}' is marked failed and stays down (ng_status shows it). Fix the error "
                 f"above, then run ng_run again."
             )
             return
@@ -560,7 +627,7 @@ class RunHelper:
             if healthy:
                 server.state = READY
                 self.say(
-                    f"Server '{server.spec.server_id}' restarted and healthy again (pid {server.popen.pid}, "
+                    f"Server '{server.label}' restarted and healthy again (pid {server.popen.pid}, "
                     f"{server.restarts} restart(s) so far)."
                 )
             elif time.time() - server.start_time > self.ready_timeout_s:
@@ -576,12 +643,14 @@ class RunHelper:
         row. The supervisor loop acts on the count; a result is dropped if the process changed meanwhile."""
         import httpx
 
+        from nemo_gym.runtime.status import health_client
+
         next_check: dict[str, float] = {}
-        with httpx.Client(trust_env=False) as client:
+        with health_client() as client:
             while not self._stop_supervision.wait(SUPERVISE_INTERVAL_S):
                 for server in self.servers:
                     now = time.monotonic()
-                    sid = server.spec.server_id
+                    sid = server.label
                     if server.state != READY or server.popen is None:
                         next_check.pop(sid, None)
                         continue
@@ -603,11 +672,11 @@ class RunHelper:
         return [s for s in self.servers if s.state == FAILED]
 
     def _supervise_loop(self) -> None:
-        import httpx
+        from nemo_gym.runtime.status import health_client
 
         monitor = threading.Thread(target=self._health_monitor, name="nemo_gym-health", daemon=True)
         monitor.start()
-        with httpx.Client(timeout=RESTART_HEALTH_TIMEOUT_S, trust_env=False) as client:
+        with health_client(timeout=RESTART_HEALTH_TIMEOUT_S) as client:
             while not self._stop_supervision.wait(SUPERVISE_INTERVAL_S):
                 now = time.monotonic()
                 for server in self.servers:
@@ -616,7 +685,7 @@ class RunHelper:
                     except Exception as exc:  # e.g. the restart itself failed (OSError): stop trying, say why
                         server.state = FAILED
                         self._close_socket(server)
-                        self.say(f"ERROR: could not restart server '{server.spec.server_id}': {exc!r}; marked failed.")
+                        self.say(f"ERROR: could not restart server '{server.label}': {exc!r}; marked failed.")
 
     def start_supervision(self) -> None:
         """Restart servers that exit or hang, from a thread, until `shutdown` (see the module docstring). Started
@@ -664,7 +733,7 @@ def run_stack(global_config: DictConfig, *, out=None) -> int:
         helper.supervise()
         failed = helper.failed_servers()
         if failed:
-            helper.say(f"ERROR: {len(failed)} server(s) had failed: {', '.join(s.spec.server_id for s in failed)}.")
+            helper.say(f"ERROR: {len(failed)} server(s) had failed: {', '.join(s.label for s in failed)}.")
             return 1
         return 0
     except KeyboardInterrupt:

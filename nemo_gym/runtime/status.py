@@ -1,14 +1,33 @@
 """`ng_status`: ask the head server which servers run, then check each one's `/health`.
 
 Besides health it shows what `ng_run`'s supervision did: the server's state (ready, restarting, failed), how often
-it was restarted, the exit code of its last process, and the uptime of its current process."""
+it was restarted, the exit code of its last process, and the uptime of its current process. A block started with
+`num_replicas` > 1 has one row per replica, named `<server id>[<replica>]`, each with its own address and pid."""
 
 from __future__ import annotations
 
+import http.cookiejar
 import time
 from typing import Any, TextIO
 
 import httpx
+
+
+class NoCookies(http.cookiejar.CookieJar):
+    """A cookie jar that keeps nothing. Health checks go to several servers on one host, and cookies are not
+    kept apart by port: a session cookie set by one replica of a resources server and sent to another would be
+    refused there with 409 (docs/design.md, decisions 6 and 22)."""
+
+    def set_cookie(self, cookie: Any) -> None:
+        return None
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
+
+
+def health_client(**kwargs: Any) -> httpx.Client:
+    """An `httpx.Client` for health checks: no proxies from the environment, no cookies kept."""
+    return httpx.Client(trust_env=False, cookies=NoCookies(), **kwargs)
 
 
 def format_uptime(seconds: float) -> str:
@@ -24,7 +43,7 @@ def fetch_status(head_host: str, head_port: int) -> list[dict[str, Any]]:
 
     Raises ConnectionError with a hint when the head server does not answer."""
     head = f"http://{head_host}:{head_port}"
-    with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False) as client:
+    with health_client(timeout=httpx.Timeout(5.0, connect=2.0)) as client:
         try:
             instances = client.get(f"{head}/server_instances").raise_for_status().json()
         except httpx.HTTPError as exc:
@@ -43,6 +62,15 @@ def fetch_status(head_host: str, head_port: int) -> list[dict[str, Any]]:
     return instances
 
 
+def instance_label(inst: dict[str, Any]) -> str:
+    """The server id, with `[i]` for a replica of a block with several (head servers before replicas existed
+    send no `num_replicas`)."""
+    name = str(inst.get("process_name"))
+    if int(inst.get("num_replicas") or 1) > 1:
+        return f"{name}[{inst.get('replica', 0)}]"
+    return name
+
+
 def print_status(instances: list[dict[str, Any]], out: TextIO) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -55,7 +83,7 @@ def print_status(instances: list[dict[str, Any]], out: TextIO) -> None:
         last_exit = inst.get("last_exit_code")
         table.add_row(
             mark,
-            str(inst.get("process_name")),
+            instance_label(inst),
             str(inst.get("server_type")),
             str(inst.get("name")),
             str(inst.get("url")),
@@ -69,6 +97,6 @@ def print_status(instances: list[dict[str, Any]], out: TextIO) -> None:
     console.print(table)
     healthy = sum(1 for i in instances if i["healthy"])
     console.print(f"{healthy} / {len(instances)} servers healthy")
-    failed = [str(i.get("process_name")) for i in instances if i.get("state") == "failed"]
+    failed = [instance_label(i) for i in instances if i.get("state") == "failed"]
     if failed:
         console.print(f"failed (restart budget spent, stays down until ng_run is restarted): {', '.join(failed)}")

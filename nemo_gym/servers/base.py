@@ -58,7 +58,12 @@ from pydantic import BaseModel, ConfigDict
 from nemo_gym.config.types import BaseRunServerInstanceConfig, BaseServerConfig
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.http.client import NeMoGymHTTPError, ServerClient, get_response_json, raise_for_status
-from nemo_gym.http.sessions import SESSION_ID_KEY, SessionCookieMiddleware, export_session_secret_to_env
+from nemo_gym.http.sessions import (
+    REPLICA_ENV_VAR_NAME,
+    SESSION_ID_KEY,
+    SessionCookieMiddleware,
+    export_session_secret_to_env,
+)
 from nemo_gym.servers.hot_routes import HotRoutes
 from nemo_gym.config.values import truthy
 
@@ -517,10 +522,14 @@ class SimpleServer(BaseServer):
         if getattr(app.state, self._SESSION_FLAG, False):
             return
         setattr(app.state, self._SESSION_FLAG, True)
+        # A replica of a server with `num_replicas` > 1 (ng_run sets the env var) stamps its index into the
+        # sessions it sends, so clients route the rest of a rollout to it (docs/design.md, decision 22).
+        replica = os.environ.get(REPLICA_ENV_VAR_NAME)
         app.add_middleware(
             SessionCookieMiddleware,
             cookie_name=self.get_session_cookie_name(),
             refuse_unknown_cookies=self.refuse_unknown_session_cookies,
+            replica=int(replica) if replica and replica.isdigit() else None,
         )
 
     # -- the rest of the app -------------------------------------------------------------------------------
