@@ -1139,23 +1139,18 @@ class ServerClient(RetryingClient):
                 wrapped.server_name = server_name
                 return wrapped
 
-        if replica < 0:
+        if replica >= 0:
+            replicas.in_flight[replica] += 1
+        try:
             outcome = await self.retry_policy.run(
                 send,
                 idempotent=idempotent,
-                label=lambda: f"{method} {url} (server `{server_name}`)",
+                label=lambda: f"{method} {url} (server `{server_name}`"
+                + (f", replica {replica})" if replica >= 0 else ")"),
                 max_attempts=max_attempts,
             )
-        else:
-            replicas.in_flight[replica] += 1
-            try:
-                outcome = await self.retry_policy.run(
-                    send,
-                    idempotent=idempotent,
-                    label=lambda: f"{method} {url} (server `{server_name}`, replica {replica})",
-                    max_attempts=max_attempts,
-                )
-            finally:
+        finally:
+            if replica >= 0:
                 replicas.in_flight[replica] -= 1
         attempt = outcome.attempts
         if outcome.error is not None:

@@ -22,15 +22,24 @@ import inspect
 from typing import Any, Callable, Optional
 
 from fastapi import FastAPI
+from fastapi.datastructures import DefaultPlaceholder
 from fastapi.encoders import jsonable_encoder
-from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
-from fastapi.exceptions import RequestValidationError, ResponseValidationError, WebSocketRequestValidationError
+from fastapi.exception_handlers import (
+    http_exception_handler,
+    request_validation_exception_handler,
+)
+from fastapi.exceptions import (
+    RequestValidationError,
+    ResponseValidationError,
+    WebSocketRequestValidationError,
+)
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, TypeAdapter, ValidationError
-from fastapi.datastructures import DefaultPlaceholder
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+
+from nemo_gym.servers.asgi_body import read_body, replay_body
 
 __all__ = ["HotRoutes"]
 
@@ -161,8 +170,8 @@ class HotRoutes:
         if hot is None:
             await self.app(scope, receive, send)
             return
-        body = await _read_body(receive)
-        replay = _replay(body, receive)
+        body = await read_body(receive)
+        replay = replay_body(body, receive)
         if hot.validate is not None:
             if not body or not _is_json(scope["headers"]):
                 await self.app(scope, replay, send)
@@ -227,33 +236,6 @@ class HotRoutes:
         if isinstance(exc, RequestValidationError):
             return request_validation_exception_handler
         return None
-
-
-async def _read_body(receive: Any) -> bytes:
-    message = await receive()
-    body = message.get("body", b"")
-    if not message.get("more_body", False):
-        return body
-    chunks = [body]
-    while message.get("more_body", False):
-        message = await receive()
-        chunks.append(message.get("body", b""))
-    return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Any) -> Callable[[], Any]:
-    """A `receive` that hands the already-read body out once, then passes on the connection's own messages
-    (a disconnect)."""
-    sent = False
-
-    async def replay() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def _is_json(headers: Any) -> bool:

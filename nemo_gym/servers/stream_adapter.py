@@ -17,7 +17,13 @@ from typing import Any
 
 import orjson
 
-from nemo_gym.api.streaming import chat_completion_chunks, encode_sse, messages_events, responses_events
+from nemo_gym.api.streaming import (
+    chat_completion_chunks,
+    encode_sse,
+    messages_events,
+    responses_events,
+)
+from nemo_gym.servers.asgi_body import read_body, replay_body
 
 __all__ = ["StreamAdapter", "openai_error_body"]
 
@@ -61,7 +67,7 @@ class StreamAdapter:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in _STREAMED:
             await self.app(scope, receive, send)
             return
-        body = await _read_body(receive)
+        body = await read_body(receive)
         request = None
         if b'"stream"' in body:
             try:
@@ -69,7 +75,7 @@ class StreamAdapter:
             except orjson.JSONDecodeError:
                 request = None
         if not (isinstance(request, dict) and request.get("stream") is True):
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay_body(body, receive), send)
             return
         del request["stream"]
         options = request.pop("stream_options", None)
@@ -85,7 +91,7 @@ class StreamAdapter:
             elif message["type"] == "http.response.body":
                 answer["body"].append(message.get("body", b""))
 
-        inner = asyncio.ensure_future(self.app({**scope, "headers": headers}, _replay(inner_body, _never), capture))
+        inner = asyncio.ensure_future(self.app({**scope, "headers": headers}, replay_body(inner_body, _never), capture))
         hangup = asyncio.ensure_future(_wait_for_disconnect(receive))
         try:
             await asyncio.wait({inner, hangup}, return_when=asyncio.FIRST_COMPLETED)
@@ -110,30 +116,6 @@ class StreamAdapter:
         for name, payload in events:
             await send({"type": "http.response.body", "body": encode_sse(name, payload), "more_body": True})
         await send({"type": "http.response.body", "body": b""})
-
-
-async def _read_body(receive: Any) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return b"".join(chunks)
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Any) -> Any:
-    sent = False
-
-    async def replay() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 async def _never() -> dict:
