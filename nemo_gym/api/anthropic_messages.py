@@ -31,6 +31,8 @@ from typing import Any, Optional
 
 import orjson
 
+from nemo_gym.api.chat_conversion import TOKEN_FIELDS
+
 __all__ = [
     "MessagesConversionError",
     "messages_to_responses_params",
@@ -39,8 +41,6 @@ __all__ = [
     "ANTHROPIC_ERROR_TYPES",
 ]
 
-TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
-UNMAPPED_FIELDS = ("stop_sequences", "top_k")
 _CARRIED = ("temperature", "top_p")
 # The fields of a Messages request this module reads; anything else is reported as unmapped.
 _KNOWN = {"model", "messages", "system", "max_tokens", "tools", "tool_choice", "metadata", "stream", *_CARRIED}

@@ -27,7 +27,7 @@ from nemo_gym.api.anthropic_messages import (
     response_to_message,
 )
 from nemo_gym.api.schemas import NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.servers.stream_adapter import StreamAdapter
+from nemo_gym.servers.stream_adapter import StreamAdapter, error_message, json_or_text
 
 __all__ = ["DialectsMixin", "MESSAGES_PATH", "DROPPED_FIELDS_HEADER"]
 
@@ -74,9 +74,9 @@ class DialectsMixin:
             traceback.print_exc()
             return _anthropic_error_response(500, f"{type(exc).__name__}: {exc}")
         if isinstance(result, Response):
-            data = _json_or_text(result.body)
+            data = json_or_text(result.body)
             if result.status_code >= 400:
-                return _anthropic_error_response(result.status_code, _error_message(data))
+                return _anthropic_error_response(result.status_code, error_message(data))
         elif isinstance(result, BaseModel):
             data = result.model_dump(mode="json", exclude_none=True)
         else:
@@ -108,21 +108,3 @@ def _request_with_body(request: Request, params: dict) -> Request:
 
 def _anthropic_error_response(status: int, message: str) -> Response:
     return Response(orjson.dumps(anthropic_error(status, message)), status_code=status, media_type="application/json")
-
-
-def _json_or_text(raw: bytes) -> Any:
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return raw.decode("utf-8", errors="replace")
-
-
-def _error_message(data: Any) -> str:
-    """The message of an error body in OpenAI's (`{"error": {"message"}}`), FastAPI's (`detail`) or any shape."""
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and error.get("message") is not None:
-            return str(error["message"])
-        if data.get("detail") is not None:
-            return str(data["detail"])
-    return str(data)[:2000]

@@ -25,7 +25,7 @@ from nemo_gym.api.streaming import (
 )
 from nemo_gym.servers.asgi_body import read_body, replay_body
 
-__all__ = ["StreamAdapter", "openai_error_body"]
+__all__ = ["StreamAdapter", "openai_error_body", "error_message", "json_or_text"]
 
 _STREAMED = {
     "/v1/responses": lambda answer, options: responses_events(answer),
@@ -37,22 +37,37 @@ _STREAMED = {
 _ANTHROPIC_PATHS = {"/v1/messages"}
 
 
+def error_message(data: Any) -> str:
+    """The message of an error body (parsed JSON, or its text) in OpenAI's shape (`{"error": {"message"}}`),
+    FastAPI's (`detail`) or any other (the whole body as JSON, at most 2000 characters)."""
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message") is not None:
+            return str(error["message"])
+        detail = data.get("detail")
+        if detail is not None:
+            return detail if isinstance(detail, str) else orjson.dumps(detail).decode()
+        if isinstance(error, dict):
+            return orjson.dumps(error).decode()
+    text = data if isinstance(data, str) else orjson.dumps(data).decode()
+    return text[:2000]
+
+
+def json_or_text(raw: bytes) -> Any:
+    """A body parsed as JSON, or its text when it is not JSON."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", errors="replace")
+
+
 def openai_error_body(status: int, body: bytes) -> bytes:
     """`body` in OpenAI's error shape (kept as it is when it already is)."""
-    try:
-        data: Any = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        data = body.decode("utf-8", errors="replace")
+    data = json_or_text(body)
     if isinstance(data, dict) and isinstance(data.get("error"), dict) and "message" in data["error"]:
         return body
-    if isinstance(data, dict) and "detail" in data:
-        message = data["detail"] if isinstance(data["detail"], str) else orjson.dumps(data["detail"]).decode()
-    elif isinstance(data, dict) and isinstance(data.get("error"), dict):
-        message = orjson.dumps(data["error"]).decode()
-    else:
-        message = data if isinstance(data, str) else orjson.dumps(data).decode()
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
+    return orjson.dumps({"error": {"message": error_message(data), "type": kind, "param": None, "code": None}})
 
 
 class StreamAdapter:

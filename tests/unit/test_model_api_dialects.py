@@ -270,3 +270,17 @@ def test_a_client_that_hangs_up_cancels_the_backend_call(path, body):
         while not SlowModel.outcome and time.monotonic() < deadline:
             time.sleep(0.05)
     assert SlowModel.outcome == ["cancelled"]
+
+
+def test_error_messages_are_read_from_every_error_shape():
+    from nemo_gym.servers.stream_adapter import error_message, json_or_text, openai_error_body
+
+    assert error_message({"error": {"message": "quota", "type": "x"}}) == "quota"
+    assert error_message({"detail": "not found"}) == "not found"
+    assert error_message({"detail": [{"loc": ["body", "x"]}]}) == '[{"loc":["body","x"]}]'
+    assert error_message({"error": {"upstream_status": 400}}) == '{"upstream_status":400}'
+    assert error_message(json_or_text(b"plain text " * 500)) == ("plain text " * 500)[:2000]
+    already = b'{"error":{"message":"m","type":"t","param":null,"code":null}}'
+    assert openai_error_body(400, already) == already
+    assert json.loads(openai_error_body(502, b'{"detail":"bad gateway"}'))["error"] == {
+        "message": "bad gateway", "type": "server_error", "param": None, "code": None}
