@@ -14,7 +14,7 @@ import importlib
 import io
 import sys
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
 from nemo_gym.config.types import BaseNeMoGymCLIConfig, wants_help
@@ -80,7 +80,10 @@ class Command:
     allocate_ports: bool = False  # reserve a port for every server block without one (the commands that start servers)
     initial_config: Optional[Mapping[str, Any]] = None  # lowest-precedence keys merged before the config files
     examples: tuple[str, ...] = ()
-    positional: Optional[str] = None  # a bare word on the command line sets this parameter (`ng help collect`)
+    # Bare words fill these parameters in order (`ng help collect`, `ng export sft a.jsonl b.jsonl`); with more
+    # words than names the last parameter gets the list of the remaining words.
+    positionals: tuple[str, ...] = ()
+    flags: Mapping[str, str] = field(default_factory=dict)  # short aliases: {"-o": "output_fpath"}
 
     @property
     def script(self) -> str:
@@ -119,9 +122,47 @@ class Command:
         sys.stderr.flush()
 
     def _positionals(self, args: list[str]) -> list[str]:
-        if self.positional is None:
+        """Turn the conventional argument shapes into overrides: bare words fill `positionals`, `--some-name value`
+        / `--some-name=value` / a flag alias set `some_name`, a bare boolean `--some-name` sets it true and
+        `--no-some-name` false. `+key=value`, `key=value`, `~key` and `--help` pass through untouched."""
+        if not self.positionals and not self.flags and not any(a.startswith("--") for a in args):
             return args
-        return [f"+{self.positional}={a}" if a and a[0] not in "+~-" and "=" not in a else a for a in args]
+        out: list[str] = []
+        words: list[str] = []
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            i += 1
+            if arg in ("-h", "--help") or arg.startswith(("+", "~")):
+                out.append(arg)
+            elif arg in self.flags or (arg.startswith("--") and len(arg) > 2):
+                name, has_value, value = (self.flags.get(arg) or arg[2:]).partition("=")
+                name = name.replace("-", "_")
+                if not has_value and self._is_bool(name):
+                    value = "true"
+                elif not has_value and name.startswith("no_") and self._is_bool(name[3:]):
+                    name, value = name[3:], "false"
+                elif not has_value:
+                    if i >= len(args):
+                        raise NeMoGymConfigError(f"{arg} needs a value ({arg} VALUE or {arg}=VALUE)")
+                    value, i = args[i], i + 1
+                out.append(f"+{name}={_literal(value)}")
+            elif "=" not in arg and not arg.startswith("-") and self.positionals:
+                words.append(arg)
+            else:
+                out.append(arg)
+        names = list(self.positionals)
+        for index, name in enumerate(names):
+            taken = words[index:] if index == len(names) - 1 else words[index : index + 1]
+            if len(taken) == 1:
+                out.insert(index, f"+{name}={_literal(taken[0])}")
+            elif taken:
+                out.insert(index, f"+{name}=[{','.join(_literal(w) for w in taken)}]")
+        return out
+
+    def _is_bool(self, name: str) -> bool:
+        fields = self.config_model.model_fields
+        return name in fields and fields[name].annotation in (bool, Optional[bool])
 
     def _main(self, args: list[str]) -> int:
         if wants_help(args):
@@ -156,7 +197,10 @@ class Command:
     def help_text(self) -> str:
         """What `ng_<name> +h=true`, `ng <verb> --help` and `ng help <verb>` all print."""
         model = self.config_model
-        usage = (f" [{self.positional}]" if self.positional else "") + " [+key=value ...]"
+        usage = "".join(f" [{name}]" for name in self.positionals[:-1])
+        if self.positionals:
+            usage += f" [{self.positionals[-1]}...]" if len(self.positionals) > 1 else f" [{self.positionals[-1]}]"
+        usage += "".join(f" [{alias} {name}]" for alias, name in self.flags.items()) + " [+key=value ...]"
         lines = [
             f"{self.script}: {self.summary}",
             "",
@@ -181,3 +225,11 @@ class Command:
         main.__name__ = self.name
         main.__doc__ = f"`{self.script}`: {self.summary}"
         return main
+
+
+def _literal(word: str) -> str:
+    """A command-line word as a quoted override value, so paths with commas, brackets or quotes stay strings;
+    numbers and booleans stay unquoted (typed by the parameter's model)."""
+    if word and not any(c in word for c in "[]{},'\"\\$ ="):
+        return word
+    return "'" + word.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -26,7 +26,7 @@ app = typer.Typer(
 def completions(command: Command, incomplete: str) -> list[tuple[str, str]]:
     """Candidates for the word being typed: `+name=` for the command's parameters (keeping `++`), or, for a
     command that takes a bare word (`ng help`), the command verbs."""
-    if command.positional and not incomplete.startswith(("+", "~")):
+    if command.positionals and not incomplete.startswith(("+", "~")):
         return [(c.verb, c.summary) for c in COMMANDS if c.verb.startswith(incomplete)]
     if "=" in incomplete:
         return []

@@ -380,3 +380,42 @@ def test_completions_of_parameters_and_verbs():
     assert completions(collect, "+limit=3") == []
     assert [c for c, _ in completions(cli.find_command("version"), "+")] == ["+json="]
     assert [c for c, _ in completions(help_command, "te")] == ["test", "test-all"]
+
+
+class _FilesConfig(BaseNeMoGymCLIConfig):
+    kind: str = "sft"
+    input_jsonl_fpath: "str | list[str]" = ""
+    output_fpath: str = ""
+    min_reward: "float | None" = None
+    browser: bool = True
+
+
+def _files_command(seen: list) -> Command:
+    return Command(
+        name="files", verb="files", summary="Test command.", model=_FilesConfig, run=lambda c: seen.append(c) or 0,
+        reads_config_files=False, positionals=("kind", "input_jsonl_fpath"), flags={"-o": "output_fpath"},
+    )
+
+
+def test_bare_words_and_flags_become_parameters():
+    seen: list = []
+    argv = ["dpo", "a.jsonl", "b c,[d].jsonl", "-o", "it's.parquet", "--min-reward", "-0.5", "--no-browser"]
+    assert _files_command(seen).main(argv) == 0
+    config = seen[-1]
+    assert (config.kind, config.input_jsonl_fpath, config.output_fpath) == ("dpo", ["a.jsonl", "b c,[d].jsonl"], "it's.parquet")
+    assert (config.min_reward, config.browser) == (-0.5, False)
+    # One file stays a string; `--name=value` and a bare boolean flag; overrides still work beside them.
+    assert _files_command(seen).main(["sft", "x.jsonl", "--output-fpath=o.jsonl", "--browser", "+min_reward=1"]) == 0
+    assert (seen[-1].input_jsonl_fpath, seen[-1].output_fpath, seen[-1].browser, seen[-1].min_reward) == ("x.jsonl", "o.jsonl", True, 1.0)
+
+
+def test_a_flag_without_its_value_or_an_unknown_flag_is_a_clear_error(capsys):
+    seen: list = []
+    assert _files_command(seen).main(["sft", "a.jsonl", "-o"]) == 2
+    assert "-o needs a value" in capsys.readouterr().err
+    assert _files_command(seen).main(["sft", "a.jsonl", "--colour", "red"]) == 2
+    assert "colour" in capsys.readouterr().err and not seen
+
+
+def test_usage_shows_positionals_and_flags():
+    assert "Usage: ng_files [kind] [input_jsonl_fpath...] [-o output_fpath] [+key=value ...]" in _files_command([]).help_text()

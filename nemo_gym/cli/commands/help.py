@@ -60,6 +60,6 @@ COMMAND = Command(
     model=HelpConfig,
     run=run,
     reads_config_files=False,
-    positional="command",
+    positionals=("command",),
     examples=("ng help", "ng help collect", "ng_help collect_rollouts"),
 )
