@@ -50,6 +50,7 @@ __all__ = [
     "ChatConversionError",
     "extract_think",
     "wrap_think",
+    "ThinkSplitter",
     "new_item_id",
     "responses_input_to_chat_messages",
     "responses_tools_to_chat_tools",
@@ -96,6 +97,50 @@ def extract_think(text: str) -> tuple[list[str], str]:
 
 def wrap_think(reasoning: str) -> str:
     return f"{_THINK_OPEN}{reasoning}</think>"
+
+
+class ThinkSplitter:
+    """:func:`extract_think` for text that arrives in pieces (a streamed chat content): :meth:`feed` each piece,
+    get back `(kind, text, starts_block)` runs, `kind` `"text"` or `"reasoning"` (inside `<think>...</think>`;
+    `starts_block` on the first run of each block). A tag split across pieces is held back until it is whole;
+    :meth:`flush` hands out what is held at the end. Unlike :func:`extract_think`, an unclosed `<think>` streams as
+    reasoning (the final answer, built from the whole text, keeps it as text)."""
+
+    _TAGS = (_THINK_OPEN, "</think>")
+
+    def __init__(self) -> None:
+        self.inside = False
+        self._held = ""
+        self._new_block = False
+
+    def feed(self, text: str) -> list[tuple[str, str, bool]]:
+        runs: list[tuple[str, str, bool]] = []
+        buffer, self._held = self._held + text, ""
+        while buffer:
+            tag = self._TAGS[self.inside]
+            found = buffer.find(tag)
+            if found >= 0:
+                self._emit(runs, buffer[:found])
+                buffer = buffer[found + len(tag):]
+                self.inside = not self.inside
+                self._new_block = self.inside
+                continue
+            keep = next((n for n in range(min(len(tag) - 1, len(buffer)), 0, -1) if tag.startswith(buffer[-n:])), 0)
+            self._emit(runs, buffer[: len(buffer) - keep])
+            self._held = buffer[len(buffer) - keep:]
+            break
+        return runs
+
+    def flush(self) -> list[tuple[str, str, bool]]:
+        runs: list[tuple[str, str, bool]] = []
+        self._emit(runs, self._held)
+        self._held = ""
+        return runs
+
+    def _emit(self, runs: list, text: str) -> None:
+        if text:
+            runs.append(("reasoning" if self.inside else "text", text, self._new_block))
+            self._new_block = False
 
 
 # Item ids need to be unique, not secret: a random per-process prefix plus a counter is as unique as uuid4 and

@@ -4,14 +4,14 @@
 episode) `POST /v1/messages`: the Messages request is converted to Responses create params
 (`nemo_gym/api/anthropic_messages.py`), the server's own `responses` runs, and its Response is converted back;
 errors answer in Anthropic's shape. It also installs `StreamAdapter` (`servers/stream_adapter.py`), which serves
-`"stream": true` on `/v1/responses`, `/v1/chat/completions` and `/v1/messages` as each API's events. So a harness
-written against either SDK can be pointed at a model server or at an agent alike.
+`"stream": true` on `/v1/responses`, `/v1/chat/completions` and `/v1/messages` as each API's events: passed through
+from the backend when the server defines the streaming hooks (`stream_responses`, `stream_chat_completions`),
+else buffered. So a harness written against either SDK can be pointed at a model server or at an agent alike.
 """
 
 from __future__ import annotations
 
 import inspect
-import sys
 import traceback
 from typing import Any
 
@@ -19,20 +19,25 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
+from starlette.middleware import Middleware
 
 from nemo_gym.api.anthropic_messages import (
     MessagesConversionError,
     anthropic_error,
-    messages_to_responses_params,
     response_to_message,
 )
-from nemo_gym.api.schemas import NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.servers.stream_adapter import StreamAdapter, error_message, json_or_text
+from nemo_gym.servers.stream_adapter import (
+    DROPPED_FIELDS_HEADER,
+    StreamAdapter,
+    error_message,
+    json_or_text,
+    messages_to_responses_request,
+    report_dropped_fields,
+)
 
 __all__ = ["DialectsMixin", "MESSAGES_PATH", "DROPPED_FIELDS_HEADER"]
 
 MESSAGES_PATH = "/v1/messages"
-DROPPED_FIELDS_HEADER = "x-nemo-gym-dropped-fields"
 
 
 class DialectsMixin:
@@ -40,11 +45,13 @@ class DialectsMixin:
 
     def prepare_app(self, app: FastAPI) -> FastAPI:
         """Add `POST /v1/messages` (unless the server defines its own) and streaming on the three routes
-        (`servers/stream_adapter.py`), then the usual final steps."""
+        (`servers/stream_adapter.py`), then the usual final steps. The stream adapter is the innermost middleware:
+        inside the session middleware, so a server's streaming hooks see the session (and its cookie is set on
+        the stream)."""
         if not any(getattr(route, "path", None) == MESSAGES_PATH for route in app.router.routes):
             app.post(MESSAGES_PATH, include_in_schema=True)(self.messages)
         if not any(middleware.cls is StreamAdapter for middleware in app.user_middleware):
-            app.add_middleware(StreamAdapter)
+            app.user_middleware.append(Middleware(StreamAdapter, server=self))
         return super().prepare_app(app)
 
     async def messages(self, request: Request) -> Response:
@@ -55,19 +62,13 @@ class DialectsMixin:
         except orjson.JSONDecodeError as exc:
             return _anthropic_error_response(400, f"the request body is not JSON: {exc}")
         try:
-            params, dropped = messages_to_responses_params(body)
-            validated = NeMoGymResponseCreateParamsNonStreaming.model_validate(params)
+            params, validated, dropped = messages_to_responses_request(body)
         except MessagesConversionError as exc:
             return _anthropic_error_response(400, str(exc))
         except ValidationError as exc:
             return _anthropic_error_response(400, f"the request does not convert to a valid Responses request: {exc}")
         if dropped:
-            print(
-                f"{self.get_session_middleware_key()} POST {MESSAGES_PATH}: dropped request fields with no Responses "
-                f"equivalent: {', '.join(sorted(dropped))}",
-                file=sys.stderr,
-                flush=True,
-            )
+            report_dropped_fields(self, dropped)
         try:
             result = await self.responses(**self._responses_arguments(_request_with_body(request, params), validated))
         except Exception as exc:  # answered in Anthropic's shape; the traceback goes to the log

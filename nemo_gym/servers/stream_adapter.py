@@ -2,22 +2,45 @@
 model server.
 
 The routes a model server implements take non-streaming requests (`stream` may only be false, as in v0.2). This
-pure-ASGI middleware, which every model server gets from the base, takes a streaming request, sends it on without
-`stream` (and `stream_options`), and turns the whole answer into the API's server-sent events
-(`nemo_gym/api/streaming.py`). An error answer goes back as JSON with its status, in the API's error shape
-(OpenAI's `{"error": {"message", "type", "param", "code"}}`; `/v1/messages` answers in Anthropic's already), so
-SDKs raise their typed exceptions. A client that hangs up
-before the answer is ready cancels the call to the backend. Non-streaming requests pass through untouched.
+pure-ASGI middleware, which every model server gets from the base, serves a streaming request one of two ways:
+
+- **Passed through**: a server whose backend streams opts in by defining `stream_responses(body, request)` (an
+  async iterator of Responses stream event payloads, ending with `response.completed` / `response.incomplete`)
+  and/or `stream_chat_completions(body, request)` (an async iterator of `chat.completion.chunk` dicts); `body` is
+  the validated request (`NeMoGymResponseCreateParamsNonStreaming` / `NeMoGymChatCompletionCreateParamsNonStreaming`,
+  `stream_options` kept for chat). Each event goes to the client as it comes. `/v1/messages` is converted to a
+  Responses request and served from `stream_responses`, its events turned into Messages events
+  (`ResponsesToMessages`, `nemo_gym/api/streaming.py`). A hook that cannot start raises `StreamRefused` with the
+  error response to send; an error after the first event ends the stream with the API's error event.
+- **Buffered** (servers without the hook): the request goes on without `stream` (and `stream_options`) to the
+  server's own route, and the whole answer is sent as the API's events (`nemo_gym/api/streaming.py`).
+
+Errors before the stream starts go back as JSON with their status, in the API's error shape (OpenAI's
+`{"error": {"message", "type", "param", "code"}}`, Anthropic's on `/v1/messages`), so SDKs raise their typed
+exceptions. A client that hangs up cancels the call to the backend (a passed-through backend stream is closed).
+Non-streaming requests pass through untouched, with no added work. :func:`upstream_sse` is the client side: a
+POST to a backend that answers server-sent events.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import sys
+import traceback
+from typing import Any, AsyncIterator, Callable, Optional
 
+import aiohttp
+import httpx
 import orjson
+from pydantic import ValidationError
+from starlette.requests import Request
 
+from nemo_gym.api.anthropic_messages import MessagesConversionError, anthropic_error, messages_to_responses_params
+from nemo_gym.api.schemas import NeMoGymChatCompletionCreateParamsNonStreaming, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.api.streaming import (
+    DONE,
+    ResponsesToMessages,
+    SSEDecoder,
     chat_completion_chunks,
     encode_sse,
     messages_events,
@@ -25,7 +48,19 @@ from nemo_gym.api.streaming import (
 )
 from nemo_gym.servers.asgi_body import read_body, replay_body
 
-__all__ = ["StreamAdapter", "openai_error_body", "error_message", "json_or_text"]
+__all__ = [
+    "StreamAdapter",
+    "StreamRefused",
+    "upstream_sse",
+    "messages_to_responses_request",
+    "report_dropped_fields",
+    "openai_error_body",
+    "error_message",
+    "json_or_text",
+    "DROPPED_FIELDS_HEADER",
+]
+
+DROPPED_FIELDS_HEADER = "x-nemo-gym-dropped-fields"
 
 _STREAMED = {
     "/v1/responses": lambda answer, options: responses_events(answer),
@@ -35,6 +70,21 @@ _STREAMED = {
     "/v1/messages": lambda answer, options: messages_events(answer),
 }
 _ANTHROPIC_PATHS = {"/v1/messages"}
+_HOOKS = {
+    "/v1/responses": "stream_responses",
+    "/v1/messages": "stream_responses",
+    "/v1/chat/completions": "stream_chat_completions",
+}
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+
+class StreamRefused(Exception):
+    """Raised by a streaming hook that cannot start the stream: `response` (its status and JSON body) is sent
+    instead, in the route's error shape."""
+
+    def __init__(self, response: Any) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
 
 
 def error_message(data: Any) -> str:
@@ -70,13 +120,46 @@ def openai_error_body(status: int, body: bytes) -> bytes:
     return orjson.dumps({"error": {"message": error_message(data), "type": kind, "param": None, "code": None}})
 
 
+def messages_to_responses_request(body: Any) -> tuple[dict, NeMoGymResponseCreateParamsNonStreaming, list[str]]:
+    """A Messages request as (Responses params, the same validated, names of the dropped fields); raises
+    `MessagesConversionError` or pydantic's `ValidationError` (both answered as HTTP 400)."""
+    params, dropped = messages_to_responses_params(body)
+    return params, NeMoGymResponseCreateParamsNonStreaming.model_validate(params), dropped
+
+
+def report_dropped_fields(server: Any, dropped: list[str]) -> None:
+    """Log the Messages request fields that have no Responses equivalent (they are also named in the answer's
+    `x-nemo-gym-dropped-fields` header)."""
+    name = server.get_session_middleware_key() if server is not None else "model server"
+    print(f"{name} POST /v1/messages: dropped request fields with no Responses equivalent: "
+          f"{', '.join(sorted(dropped))}", file=sys.stderr, flush=True)
+
+
+def _error_body(path: str, status: int, body: bytes) -> bytes:
+    """An error body in the error shape of the API at `path`."""
+    if path not in _ANTHROPIC_PATHS:
+        return openai_error_body(status, body)
+    data = json_or_text(body)
+    if isinstance(data, dict) and data.get("type") == "error" and isinstance(data.get("error"), dict):
+        return body
+    return orjson.dumps(anthropic_error(status, error_message(data)))
+
+
+async def _send_json(send: Any, status: int, body: bytes, headers: tuple = ()) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
 class StreamAdapter:
-    """See the module docstring. Safe on the hot path: `HotRoutes` re-creates it around hot calls."""
+    """See the module docstring. `server` is the model server whose streaming hooks are used (none: buffered).
+    Safe on the hot path: `HotRoutes` re-creates it around hot calls."""
 
     hot_routes_compatible = True
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, server: Any = None) -> None:
         self.app = app
+        self.server = server
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in _STREAMED:
@@ -93,6 +176,80 @@ class StreamAdapter:
             await self.app(scope, replay_body(body, receive), send)
             return
         del request["stream"]
+        hook = getattr(self.server, _HOOKS[scope["path"]], None) if self.server is not None else None
+        if hook is not None:
+            await self._pass_through(hook, request, scope, receive, send)
+        else:
+            await self._buffered(request, scope, receive, send)
+
+    # -- a backend that streams --------------------------------------------------------------------------
+
+    async def _pass_through(self, hook: Callable, request: dict, scope: dict, receive: Any, send: Any) -> None:
+        path = scope["path"]
+        headers: list = []
+        try:
+            if path == "/v1/messages":
+                params, body, dropped = messages_to_responses_request(request)
+                if dropped:
+                    headers.append((DROPPED_FIELDS_HEADER.encode(), ",".join(sorted(dropped)).encode()))
+                    report_dropped_fields(self.server, dropped)
+            elif path == "/v1/responses":
+                request.pop("stream_options", None)
+                params, body = request, NeMoGymResponseCreateParamsNonStreaming.model_validate(request)
+            else:
+                params, body = request, NeMoGymChatCompletionCreateParamsNonStreaming.model_validate(request)
+        except MessagesConversionError as exc:
+            await _send_json(send, 400, orjson.dumps(anthropic_error(400, str(exc))))
+            return
+        except ValidationError as exc:
+            status = 400 if path in _ANTHROPIC_PATHS else 422
+            kind = "does not convert to a valid Responses request" if path in _ANTHROPIC_PATHS else "is not valid"
+            message = f"the request {kind}: {exc}"
+            await _send_json(send, status, _error_body(path, status, orjson.dumps({"error": {"message": message}})))
+            return
+        handler_request = Request(scope, receive)
+        handler_request._body = orjson.dumps(params)  # what Request.body() caches
+        if path == "/v1/messages":
+            events = _as_messages(hook(body, handler_request), ResponsesToMessages(request.get("model")))
+        elif path == "/v1/responses":
+            events = _named(hook(body, handler_request))
+        else:
+            events = _named(hook(body, handler_request), trailer=DONE)
+        await _until_hangup(self._pump(events, path, headers, send), receive)
+
+    async def _pump(self, events: AsyncIterator, path: str, headers: list, send: Any) -> None:
+        try:
+            try:
+                first = await events.__anext__()
+            except StopAsyncIteration:
+                first = None
+            except StreamRefused as refused:
+                status = refused.response.status_code
+                await _send_json(send, status, _error_body(path, status, bytes(refused.response.body)))
+                return
+            except Exception as exc:  # the traceback goes to the log, the message to the client
+                traceback.print_exc()
+                message = orjson.dumps({"error": {"message": f"{type(exc).__name__}: {exc}"}})
+                await _send_json(send, 500, _error_body(path, 500, message))
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": [*_SSE_HEADERS, *headers]})
+            try:
+                if first is not None:
+                    await send({"type": "http.response.body", "body": encode_sse(*first), "more_body": True})
+                async for name, payload in events:
+                    await send({"type": "http.response.body", "body": encode_sse(name, payload), "more_body": True})
+            except Exception as exc:  # the stream has started: end it with the API's error event
+                traceback.print_exc()
+                message = f"{type(exc).__name__}: {exc}"
+                await send({"type": "http.response.body", "body": encode_sse(*_error_event(path, message)),
+                            "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await events.aclose()
+
+    # -- a backend that answers whole ----------------------------------------------------------------------
+
+    async def _buffered(self, request: dict, scope: dict, receive: Any, send: Any) -> None:
         options = request.pop("stream_options", None)
         inner_body = orjson.dumps(request)
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
@@ -106,31 +263,72 @@ class StreamAdapter:
             elif message["type"] == "http.response.body":
                 answer["body"].append(message.get("body", b""))
 
-        inner = asyncio.ensure_future(self.app({**scope, "headers": headers}, replay_body(inner_body, _never), capture))
-        hangup = asyncio.ensure_future(_wait_for_disconnect(receive))
-        try:
-            await asyncio.wait({inner, hangup}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not inner.done():  # the client hung up first: stop the backend call
-                inner.cancel()
-            hangup.cancel()
-        if inner.cancelled():
+        inner = self.app({**scope, "headers": headers}, replay_body(inner_body, _never), capture)
+        if not await _until_hangup(inner, receive):
             return
-        inner.result()
         status, content = answer["status"], b"".join(answer["body"])
-        cookies = [(k, v) for k, v in answer["headers"] if k.lower() == b"set-cookie"]
+        passed = [(k, v) for k, v in answer["headers"] if k.lower() in (b"set-cookie", DROPPED_FIELDS_HEADER.encode())]
         if status != 200:
-            error = content if scope["path"] in _ANTHROPIC_PATHS else openai_error_body(status, content)
-            await send({"type": "http.response.start", "status": status, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(error)).encode()), *cookies]})
-            await send({"type": "http.response.body", "body": error})
+            path = scope["path"]
+            await _send_json(send, status, content if path in _ANTHROPIC_PATHS else openai_error_body(status, content),
+                             tuple(k_v for k_v in passed if k_v[0].lower() == b"set-cookie"))
             return
         events = _STREAMED[scope["path"]](orjson.loads(content), options)
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), *cookies]})
+        await send({"type": "http.response.start", "status": 200, "headers": [*_SSE_HEADERS, *passed]})
         for name, payload in events:
             await send({"type": "http.response.body", "body": encode_sse(name, payload), "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+
+
+async def _named(payloads: AsyncIterator, trailer: Any = None) -> AsyncIterator:
+    """`(event name, payload)` for a hook's payloads (Responses events are named by their `type`; chat chunks have
+    no name), then `trailer` (the chat stream's `[DONE]`)."""
+    try:
+        async for payload in payloads:
+            yield (payload.get("type") if trailer is None else None), payload
+        if trailer is not None:
+            yield None, trailer
+    finally:
+        await payloads.aclose()
+
+
+async def _as_messages(payloads: AsyncIterator, translator: ResponsesToMessages) -> AsyncIterator:
+    try:
+        async for payload in payloads:
+            for event in translator.feed(payload):
+                yield event
+    finally:
+        await payloads.aclose()
+
+
+def _error_event(path: str, message: str) -> tuple:
+    if path in _ANTHROPIC_PATHS:
+        return "error", anthropic_error(500, message)
+    error = {"message": message, "type": "server_error", "param": None, "code": "server_error"}
+    if path == "/v1/responses":
+        return "error", {"type": "error", "code": "server_error", "message": message, "param": None, "error": error}
+    return None, {"error": error}
+
+
+async def _until_hangup(work: Any, receive: Any) -> bool:
+    """Run `work` (a coroutine) until it ends or the client hangs up, which cancels it (and so the backend call);
+    True when it ended."""
+    task = asyncio.ensure_future(work)
+    hangup = asyncio.ensure_future(_wait_for_disconnect(receive))
+    try:
+        await asyncio.wait({task, hangup}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hangup.cancel()
+        if not task.done():  # the client hung up first (or we are cancelled): stop the backend call
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+    if task.cancelled():
+        return False
+    task.result()
+    return True
 
 
 async def _never() -> dict:
@@ -141,3 +339,122 @@ async def _never() -> dict:
 async def _wait_for_disconnect(receive: Any) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+# --------------------------------------------------------------------------------------------------------
+# The client side: a backend that answers with server-sent events
+
+
+async def upstream_sse(
+    url: str,
+    body: dict,
+    *,
+    api_key: Optional[str] = None,
+    retry_policy: Any = None,
+    global_config: Any = None,
+    connect_timeout: float = 60.0,
+) -> AsyncIterator[tuple]:
+    """POST `body` to `url` (an OpenAI-compatible streaming endpoint) and yield its server-sent events as
+    `(event name, payload)` (payload parsed JSON, or `DONE`), as they arrive, over the process's shared HTTP
+    transport. A 429/5xx or a failed connection is retried by `retry_policy` before the stream starts; an error
+    status raises `NeMoGymOpenAIError` (as a non-streamed call would). Closing the generator (or cancelling
+    its consumer) closes the connection, which tells the backend to stop."""
+    from nemo_gym.http.client import AiohttpTransport, get_global_transport
+    from nemo_gym.http.openai_client import NeMoGymOpenAIError
+    from nemo_gym.http.retry import RetryPolicy
+
+    content = orjson.dumps(body)
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    policy = retry_policy or RetryPolicy(max_attempts=1)
+    transport = await get_global_transport(global_config)
+    label = f"POST {url} (stream)"
+
+    if isinstance(transport, AiohttpTransport):
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout)
+
+        async def open_aiohttp() -> _Opened:
+            resp = await transport.session.request("POST", url, data=content, headers=headers,
+                                                   allow_redirects=False, timeout=timeout)
+            opened = _Opened(resp.status, resp.headers, resp)
+            if resp.status >= 400:
+                try:
+                    opened.error_body = await resp.read()
+                finally:
+                    resp.release()
+            return opened
+
+        outcome = await policy.run(open_aiohttp, idempotent=True, label=label)
+    else:
+        client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(None, connect=connect_timeout))
+
+        async def open_httpx() -> _Opened:
+            resp = await client.send(client.build_request("POST", url, content=content, headers=headers), stream=True)
+            opened = _Opened(resp.status_code, resp.headers, resp)
+            if resp.status_code >= 400:
+                try:
+                    opened.error_body = await resp.aread()
+                finally:
+                    await resp.aclose()
+            return opened
+
+        outcome = await policy.run(open_httpx, idempotent=True, label=label)
+    if outcome.error is not None:
+        from nemo_gym.http.client import _remap_aiohttp_error
+
+        remapped = _remap_aiohttp_error(outcome.error, httpx.Request("POST", url))
+        if remapped is not None:
+            raise remapped from outcome.error
+        raise outcome.error
+    opened = outcome.result
+    if opened.status_code >= 400:
+        request = httpx.Request("POST", url, headers=headers, content=content)
+        response = httpx.Response(opened.status_code, content=opened.error_body, request=request)
+        raise NeMoGymOpenAIError(request=request, response=response, attempts=outcome.attempts)
+    resp = opened.response
+    kind = opened.headers.get("content-type", "")
+    if not kind.startswith("text/event-stream"):
+        if isinstance(resp, aiohttp.ClientResponse):
+            resp.close()
+        else:
+            await resp.aclose()
+        raise RuntimeError(f"POST {url} was asked to stream but answered {kind or 'no content type'}, not server-sent "
+                           f"events: the backend does not stream")
+    chunks = resp.content.iter_any() if isinstance(resp, aiohttp.ClientResponse) else resp.aiter_bytes()
+    decoder = SSEDecoder()
+    pending = b""
+    finished = False
+    try:
+        try:
+            async for chunk in chunks:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    event = decoder.line(line.rstrip(b"\r").decode("utf-8"))
+                    if event is not None:
+                        yield event
+        except (aiohttp.ClientError, httpx.TransportError) as exc:
+            raise httpx.ReadError(f"POST {url}: the backend's stream broke off: {type(exc).__name__}: {exc}") from exc
+        for line in (pending, b""):
+            event = decoder.line(line.rstrip(b"\r").decode("utf-8"))
+            if event is not None:
+                yield event
+        finished = True
+    finally:
+        if isinstance(resp, aiohttp.ClientResponse):
+            resp.release() if finished else resp.close()
+        else:
+            await resp.aclose()
+
+
+class _Opened:
+    """A backend's answer whose body is not read yet (`status_code` and `headers` for the retry policy)."""
+
+    __slots__ = ("status_code", "headers", "response", "error_body")
+
+    def __init__(self, status_code: int, headers: Any, response: Any) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        self.response = response
+        self.error_body = b""

@@ -2,8 +2,10 @@
 
 The LLM is the only part tests may fake (no model is reachable here), and it is faked behind real HTTP so every
 framework part in front of it runs for real. It serves `POST /v1/responses`, `POST /v1/chat/completions`,
-`GET /v1/models` and `GET /health`. Run it with `python -m nemo_gym.testing.fake_openai_server --port 8000` and
-point a model server at `http://127.0.0.1:8000/v1`. `--latency-ms` adds a fixed delay per call (benchmarks).
+`GET /v1/models`, `GET /health` and vLLM's `POST /tokenize` (made-up prompt token ids: `100 + k` for message k;
+Chat answers carry made-up per-word logprobs when the request asks for `logprobs`). Run it with
+`python -m nemo_gym.testing.fake_openai_server --port 8000` and point a model server at `http://127.0.0.1:8000/v1`.
+`--latency-ms` adds a fixed delay per call (benchmarks).
 
 Default mode (no `--script` / `--replay`)
 -----------------------------------------
@@ -67,12 +69,28 @@ A reply (all keys optional):
 - `status` (>= 400) with optional `body`: answer with that HTTP status and body (default: an OpenAI-style
   `{"error": {"message": ..., "type": "scripted_error", ...}}`, the message taken from `error_message`).
 - `latency_ms`: extra delay for this reply.
+- `chunk_delay_ms`: when streamed, the delay between two events (default: `build_app(chunk_delay_ms=...)`,
+  `--chunk-delay-ms`, else none).
+- `pause_after_chunks`: when streamed, stop after this many events until the test calls
+  `app.state.streams.release()` (so a test can observe a delta arriving while the backend is mid-answer).
+- `break_after_chunks`: when streamed, drop the connection after this many events (a backend that dies
+  mid-answer; recorded as `broken`).
 
 `replies`: a list of replies; step 1 gets `replies[0]`, step 2 `replies[1]`, ...; a step past the end gets HTTP 400.
 
 On `/v1/chat/completions` the output items become one assistant message: message texts joined into `content`,
 reasoning summaries joined into `reasoning_content` (vLLM's reasoning-parser field), function calls into
 `tool_calls` (`id` = `call_id`).
+
+Streaming: `"stream": true`
+---------------------------
+The reply (scripted or default) is sent as server-sent events: on `/v1/chat/completions` `chat.completion.chunk`s
+(the role, the content in words, each tool call's id and name then its arguments in pieces, the `finish_reason`,
+a usage chunk when `stream_options.include_usage`, then `[DONE]`); on `/v1/responses` the Responses event
+sequence (texts in words, arguments in pieces, reasoning summaries as `reasoning_summary_text` deltas, then
+`response.completed` with the whole Response). An error reply stays plain JSON with its status. Every stream is
+recorded in `app.state.streams` (`StreamLog`): endpoint, rule, events sent, and its state (`streaming`,
+`paused`, `completed`, `broken` (`break_after_chunks`), or `cancelled` when the client hung up first).
 
 Replay mode: `--replay replies.jsonl`
 -------------------------------------
@@ -87,6 +105,7 @@ import argparse
 import asyncio
 import itertools
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional, Union
@@ -97,7 +116,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-__all__ = ["build_app", "load_rules", "load_replay", "ScriptError", "main"]
+from nemo_gym.api.streaming import (
+    ResponsesStreamWriter,
+    chat_completion_chunks,
+    encode_sse,
+)
+
+__all__ = ["build_app", "load_rules", "load_replay", "ScriptError", "StreamLog", "main"]
 
 _ids = itertools.count(1)
 
@@ -117,7 +142,8 @@ _MATCH_KEYS = frozenset(
     }
 )
 _REPLY_KEYS = frozenset(
-    {"output", "usage", "incomplete_details", "finish_reason", "response", "status", "body", "error_message", "latency_ms"}
+    {"output", "usage", "incomplete_details", "finish_reason", "response", "status", "body", "error_message",
+     "latency_ms", "chunk_delay_ms", "pause_after_chunks", "break_after_chunks"}
 )
 _RULE_KEYS = _REPLY_KEYS | {"name", "match", "times", "replies"}
 _GENERATED_TYPES = frozenset({"function_call", "reasoning"})
@@ -351,6 +377,10 @@ def _check_reply(where: str, reply: Any) -> dict:
     status = reply.get("status")
     if status is not None and (not isinstance(status, int) or not 400 <= status <= 599):
         raise ScriptError(f"{where}.status: expected an HTTP error status 400-599, got {status!r}")
+    for key in ("chunk_delay_ms", "pause_after_chunks", "break_after_chunks"):
+        value = reply.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            raise ScriptError(f"{where}.{key}: expected a number >= 0, got {value!r}")
     return reply
 
 
@@ -531,15 +561,164 @@ def _response_object(n: int, body: dict, output: list, **fields: Any) -> dict:
 
 
 def _chat_completion(n: int, body: dict, message: dict, finish: str, usage: Any) -> dict:
-    """The Chat Completion of reply `n` to request `body`: one choice with `message`."""
+    """The Chat Completion of reply `n` to request `body`: one choice with `message` (and, when the request asks
+    for `logprobs`, one made-up token per word of the content: `token_id:<1000 + k>` with vLLM's
+    `return_tokens_as_token_ids`, else the word; logprob `-0.5`)."""
+    logprobs = None
+    if body.get("logprobs"):
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        logprobs = {"content": [
+            {"token": f"token_id:{1000 + k}" if as_ids else word, "logprob": -0.5, "bytes": None, "top_logprobs": []}
+            for k, word in enumerate(_words(message.get("content") or ""))
+        ]}
     return {
         "id": f"chatcmpl-{n}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body.get("model") or "fake-model",
-        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}],
         "usage": usage,
     }
+
+
+# --------------------------------------------------------------------------------------------------------
+# Streaming (`"stream": true`)
+
+
+class StreamLog:
+    """What the fake backend streamed (`app.state.streams`): one record per streamed call, a dict with `endpoint`,
+    `rule`, `sent` (events sent so far) and `state` (`streaming`, `paused`, `completed`, `broken`, or `cancelled`
+    when the client hung up first). A reply with `pause_after_chunks` waits after that many events until
+    :meth:`release`.
+    Thread-safe: tests read it from their own thread."""
+
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+        self._changed = threading.Condition()
+        self._released = threading.Event()
+
+    def add(self, endpoint: str, rule: Optional[str]) -> dict:
+        record = {"endpoint": endpoint, "rule": rule, "sent": 0, "state": "streaming"}
+        with self._changed:
+            self.records.append(record)
+            self._changed.notify_all()
+        return record
+
+    def update(self, record: dict, **fields: Any) -> None:
+        with self._changed:
+            record.update(fields)
+            self._changed.notify_all()
+
+    def wait_for(self, predicate, timeout: float = 30.0) -> dict:
+        """The first record for which `predicate(record)` holds, waiting for one (TimeoutError after `timeout`)."""
+        with self._changed:
+            found = self._changed.wait_for(lambda: next((r for r in self.records if predicate(r)), None), timeout)
+        if found is None:
+            raise TimeoutError(f"no streamed call matched within {timeout} s; records: {self.records}")
+        return found
+
+    def release(self) -> None:
+        """Let paused streams go on (and later ones not pause)."""
+        self._released.set()
+
+
+def _words(text: str) -> list[str]:
+    """A text as the pieces a streaming backend would send: words with their trailing whitespace."""
+    return re.findall(r"\S+\s*|\s+", text)
+
+
+def _slices(text: str, size: int = 8) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+def _pieces(text: str) -> list[str]:
+    """Chat deltas of a text: words, or slices of a text without spaces (tool-call arguments)."""
+    return _words(text) if " " in text or "\n" in text else _slices(text)
+
+
+def _response_stream(response: dict) -> list:
+    """A Responses object as the Responses event sequence, texts in words and arguments in slices."""
+    current: dict = {}
+    writer = ResponsesStreamWriter(response, new_id=lambda prefix: current["id"])
+    events = writer.start()
+    for key, item in enumerate(response.get("output") or ()):
+        current["id"] = item.get("id") or f"item_{key}"
+        kind = item.get("type")
+        if kind == "message" and [p.get("type") for p in item.get("content") or ()] == ["output_text"]:
+            events += writer.close()
+            for piece in _words(item["content"][0].get("text", "")) or [""]:
+                events += writer.text(piece)
+        elif kind == "function_call":
+            events += writer.close()
+            for piece in _slices(item.get("arguments", "")) or [""]:
+                events += writer.tool_call(key, item.get("call_id"), item.get("name"), piece, item_id=item.get("id"))
+        elif kind == "reasoning" and item.get("summary"):
+            events += writer.close()
+            for part in item["summary"]:
+                for number, piece in enumerate(_words(part.get("text", "")) or [""]):
+                    events += writer.reasoning(piece, new_part=number == 0)
+        else:
+            events += writer.item_events(item)
+    return events + writer.finish(response)
+
+
+def _chat_stream(completion: dict, body: dict) -> list:
+    options = body.get("stream_options") or {}
+    return list(chat_completion_chunks(completion, bool(options.get("include_usage")), pieces=_pieces))
+
+
+class _EventStream:
+    """An ASGI response sending server-sent `events`, `delay` seconds apart, pausing after `pause_after` events until
+    the log's release; a client that hangs up cancels it (recorded as `cancelled`)."""
+
+    def __init__(self, events: list, log: StreamLog, record: dict, delay: float, pause_after: Optional[int],
+                 break_after: Optional[int], headers: dict) -> None:
+        self.events, self.log, self.record = events, log, record
+        self.delay, self.pause_after, self.break_after, self.headers = delay, pause_after, break_after, headers
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+            *[(k.encode(), v.encode()) for k, v in self.headers.items()]]})
+        pump = asyncio.ensure_future(self._pump(send))
+        hangup = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({pump, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hangup.cancel()
+            if not pump.done():
+                pump.cancel()
+                self.log.update(self.record, state="cancelled")
+        if not pump.cancelled() and isinstance(pump.exception(), _BrokenStream):
+            raise pump.exception()  # the server drops the connection mid-response
+        if not pump.cancelled() and pump.exception() is not None:
+            self.log.update(self.record, state="cancelled")  # the connection broke while sending
+
+    async def _pump(self, send: Any) -> None:
+        for number, (name, payload) in enumerate(self.events):
+            if number and self.delay:
+                await asyncio.sleep(self.delay)
+            if self.pause_after is not None and number == self.pause_after and not self.log._released.is_set():
+                self.log.update(self.record, state="paused")
+                while not self.log._released.is_set():
+                    await asyncio.sleep(0.005)
+                self.log.update(self.record, state="streaming")
+            if self.break_after is not None and number == self.break_after:
+                self.log.update(self.record, state="broken")
+                raise _BrokenStream(f"fake backend: dropping the connection after {number} events, as scripted")
+            await send({"type": "http.response.body", "body": encode_sse(name, payload), "more_body": True})
+            self.log.update(self.record, sent=number + 1)
+        await send({"type": "http.response.body", "body": b""})
+        self.log.update(self.record, state="completed")
+
+
+class _BrokenStream(RuntimeError):
+    """Raised mid-response so that the HTTP server drops the connection (`break_after_chunks`)."""
+
+
+async def _disconnected(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class _Script:
@@ -569,15 +748,20 @@ def build_app(
     latency_ms: float = 0.0,
     script: Union[str, Path, list, None] = None,
     replay: Union[str, Path, list, None] = None,
+    chunk_delay_ms: float = 0.0,
 ) -> Starlette:
-    """The ASGI app. `script` / `replay`: a path or the already-parsed list (see the module docstring)."""
+    """The ASGI app. `script` / `replay`: a path or the already-parsed list (see the module docstring).
+    `chunk_delay_ms`: the delay between two streamed events (a reply's own `chunk_delay_ms` wins)."""
     delay = latency_ms / 1000.0
+    streams = StreamLog()
     rules = load_rules(script) + load_replay(replay)
     scripted = _Script(rules) if (script is not None or replay is not None) else None
 
-    async def scripted_reply(view: _View) -> Response:
+    async def scripted_reply(view: _View, chosen: Optional[dict] = None) -> Response:
         body = view.body
         rule, reply, problem = scripted.pick(view)
+        if chosen is not None:
+            chosen["reply"] = reply
         if reply is None:
             message = f"fake backend: {problem}. Request: {orjson.dumps(view.summary).decode()}"
             return _json(_error_body(message, "fake_backend_no_matching_rule"), 400)
@@ -610,13 +794,35 @@ def build_app(
             response.update(reply["response"])
         return _json(response, headers=headers)
 
+    def streamed(view: _View, answer: Response, reply: Optional[dict]) -> Any:
+        """`answer` (a whole chat completion or Response) as the endpoint's event stream."""
+        if answer.status_code != 200:
+            return answer
+        data = orjson.loads(answer.body)
+        events = _chat_stream(data, view.body) if view.endpoint == "chat_completions" else _response_stream(data)
+        reply = reply or {}
+        rule = answer.headers.get("x-fake-rule")
+        pause = reply.get("pause_after_chunks")
+        broken = reply.get("break_after_chunks")
+        own_delay = reply.get("chunk_delay_ms")
+        step = (float(own_delay) if own_delay is not None else chunk_delay_ms) / 1000.0
+        headers = {"x-fake-rule": rule} if rule else {}
+        return _EventStream(events, streams, streams.add(view.endpoint, rule), step, pause, broken, headers)
+
     def endpoint(view_of, default_reply):
         """A route: the request's body, after the configured delay, answered by the script or the default mode."""
 
-        async def handle(request: Request) -> Response:
+        async def handle(request: Request) -> Any:
             body = orjson.loads(await request.body())
             if delay:
                 await asyncio.sleep(delay)
+            if body.get("stream") is True:
+                view = view_of(body)
+                if scripted is not None:
+                    chosen: dict = {}
+                    answer = await scripted_reply(view, chosen)
+                    return streamed(view, answer, chosen.get("reply"))
+                return streamed(view, default_reply(body, next(_ids)), None)
             if scripted is not None:
                 return await scripted_reply(view_of(body))
             return default_reply(body, next(_ids))
@@ -680,14 +886,23 @@ def build_app(
     async def health(request: Request) -> Response:
         return _json({"status": "ok"})
 
-    return Starlette(
+    async def tokenize(request: Request) -> Response:
+        """vLLM's `/tokenize` (training mode's prompt token ids), made up: token `100 + k` for message k."""
+        messages = orjson.loads(await request.body()).get("messages") or []
+        tokens = [100 + k for k in range(len(messages))]
+        return _json({"tokens": tokens, "count": len(tokens), "max_model_len": 4096})
+
+    app = Starlette(
         routes=[
             Route("/v1/responses", endpoint(_responses_view, default_responses), methods=["POST"]),
             Route("/v1/chat/completions", endpoint(_chat_view, default_chat_completions), methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
         ]
     )
+    app.state.streams = streams
+    return app
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -701,6 +916,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--tool-args", default="{}", help="default mode: arguments of the first tool call")
     parser.add_argument("--reply-prefix", default="echo: ", help="default mode: prefix of the final answer")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="delay added to every call")
+    parser.add_argument("--chunk-delay-ms", type=float, default=0.0, help="delay between two streamed events")
     parser.add_argument("--script", default=None, help="rules file (.json list or .jsonl, one rule per line)")
     parser.add_argument("--replay", default=None, help="replies file (.jsonl, line k answers model call k)")
     args = parser.parse_args(argv)
@@ -709,6 +925,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             tool_args=args.tool_args,
             reply_prefix=args.reply_prefix,
             latency_ms=args.latency_ms,
+            chunk_delay_ms=args.chunk_delay_ms,
             script=args.script,
             replay=args.replay,
         )

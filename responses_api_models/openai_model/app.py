@@ -3,22 +3,32 @@
 The request (only the keys the caller set) is merged over `extra_body`, `model` is forced to `openai_model`, and the
 upstream answer is returned as it came. Upstream errors come back with the upstream status and message; 429 and
 5xx are retried with backoff by the client (bounded).
+
+Streaming (`"stream": true`) is passed through: the upstream is called with `stream: true` and its server-sent
+events (Responses events, chat chunks) go to the client as they come (`servers/stream_adapter.py`; `/v1/messages`
+gets them as Messages events).
 """
 
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Optional
 
+import httpx
 import orjson
-from fastapi import Body
+from fastapi import Body, Request
 from fastapi.responses import Response
 from pydantic import PrivateAttr
 
-from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
+from nemo_gym.api.streaming import DONE
+from nemo_gym.base_responses_api_model import (
+    BaseResponsesAPIModelConfig,
+    SimpleResponsesAPIModel,
+)
 from nemo_gym.openai_utils import (
     NeMoGymAsyncOpenAI,
     NeMoGymChatCompletionCreateParamsNonStreaming,
     NeMoGymOpenAIError,
     NeMoGymResponseCreateParamsNonStreaming,
 )
+from nemo_gym.servers.stream_adapter import StreamRefused, upstream_sse
 
 
 class SimpleModelServerConfig(BaseResponsesAPIModelConfig):
@@ -66,6 +76,48 @@ class SimpleModelServer(SimpleResponsesAPIModel):
 
     async def chat_completions(self, body: NeMoGymChatCompletionCreateParamsNonStreaming = Body()) -> Response:
         return await self._forward(self.client.create_chat_completion, self._params(body))
+
+    # -- streaming: the upstream's events passed through (servers/stream_adapter.py calls these) ------------
+
+    async def stream_responses(
+        self, body: NeMoGymResponseCreateParamsNonStreaming, request: Request
+    ) -> AsyncIterator[dict]:
+        params = self._params(body)
+        params.pop("seed", None)
+        async for payload in self._stream("responses", params):
+            yield payload
+
+    async def stream_chat_completions(
+        self, body: NeMoGymChatCompletionCreateParamsNonStreaming, request: Request
+    ) -> AsyncIterator[dict]:
+        async for payload in self._stream("chat/completions", self._params(body)):
+            yield payload
+
+    async def _stream(self, route: str, params: dict) -> AsyncIterator[dict]:
+        """The upstream's event payloads up to `[DONE]`; an upstream error before the first one is answered like a
+        non-streamed call's (`StreamRefused`)."""
+        events = upstream_sse(f"{self.client.base_url}/{route}", {**params, "stream": True},
+                              api_key=self.config.openai_api_key, retry_policy=self.client.retry_policy)
+        try:
+            try:
+                first = await events.__anext__()
+            except StopAsyncIteration:
+                return
+            except NeMoGymOpenAIError as exc:
+                raise StreamRefused(_json_response({"error": {"upstream_status": exc.status, "message": exc.body}},
+                                                   exc.status)) from None
+            except httpx.TransportError as exc:
+                unreachable = {"error": {"message": f"upstream unreachable: {exc}"}}
+                raise StreamRefused(_json_response(unreachable, 502)) from None
+            if first[1] is DONE:
+                return
+            yield first[1]
+            async for _, payload in events:
+                if payload is DONE:
+                    return
+                yield payload
+        finally:
+            await events.aclose()
 
 
 if __name__ == "__main__":

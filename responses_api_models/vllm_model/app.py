@@ -19,6 +19,10 @@ Behaviour in short (details and the differences from NeMo Gym v0.2 are in README
 * An upstream HTTP 400 about the context length becomes an empty assistant message with
   `incomplete_details: {reason: max_output_tokens}`; other upstream errors come back with the upstream's status
   and message; an unreachable upstream is HTTP 502.
+* Streaming (`"stream": true`, `stream_responses` / `stream_chat_completions`): the upstream is called with
+  `stream: true` and its chunks go to the client as they come: as Responses events (`ChatToResponses`), as chat
+  chunks (post-processed per chunk like the whole answer), or as Messages events; a client that hangs up closes
+  the upstream stream. The final event carries what the non-streamed call would have answered.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import http.cookiejar
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from typing import Any, AsyncIterator, Optional, Union
 
 import httpx
 import orjson
@@ -37,9 +41,9 @@ from fastapi.responses import Response
 from omegaconf import DictConfig
 from pydantic import PrivateAttr, model_validator
 
-from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
 from nemo_gym.api.chat_conversion import (
     ChatConversionError,
+    build_response,
     chat_completion_to_response,
     empty_chat_completion,
     extract_think,
@@ -48,15 +52,22 @@ from nemo_gym.api.chat_conversion import (
     is_context_length_error,
     prepare_chat_messages,
     responses_to_chat_params,
+    wants_output_logprobs,
 )
+from nemo_gym.api.streaming import DONE, ChatToResponses, chat_completion_chunks
+from nemo_gym.base_responses_api_model import (
+    BaseResponsesAPIModelConfig,
+    SimpleResponsesAPIModel,
+)
+from nemo_gym.http.client import DEFAULT_TIMEOUT, get_global_transport
 from nemo_gym.openai_utils import (
     NeMoGymAsyncOpenAI,
     NeMoGymChatCompletionCreateParamsNonStreaming,
     NeMoGymOpenAIError,
     NeMoGymResponseCreateParamsNonStreaming,
 )
-from nemo_gym.http.client import DEFAULT_TIMEOUT, get_global_transport
 from nemo_gym.server_utils import SESSION_ID_KEY
+from nemo_gym.servers.stream_adapter import StreamRefused, upstream_sse
 
 LOG = logging.getLogger("nemo_gym.vllm_model")
 
@@ -238,6 +249,162 @@ class VLLMModel(SimpleResponsesAPIModel):
         except (NeMoGymOpenAIError, ChatConversionError, httpx.TransportError) as exc:
             return _error_response(exc)
 
+    # -- streaming (`"stream": true`; servers/stream_adapter.py calls these) ----------------------------------
+
+    async def stream_responses(
+        self, body: NeMoGymResponseCreateParamsNonStreaming, request: Request
+    ) -> AsyncIterator[dict]:
+        """Responses events as the upstream streams: its chat chunks turned into events as they come
+        (`ChatToResponses`), or with `is_responses_native` the upstream's own Responses events. The final
+        `response.completed` carries the Response a non-streamed call would have returned (token data included)."""
+        cfg = self.config
+        params = body.model_dump(exclude_unset=True)
+        session_id = _session_id(request)
+        if cfg.is_responses_native:
+            try:
+                native = await self._native_body(params)
+            except ChatConversionError as exc:
+                raise StreamRefused(_error_response(exc)) from None
+            client = await self._client_for(session_id)
+            async for payload in self._refusing(self._upstream_stream(client, "responses", native)):
+                yield payload
+            return
+        try:
+            chat, unmapped = responses_to_chat_params(
+                params,
+                training=cfg.return_token_id_information,
+                replace_developer_role_with_system=cfg.replace_developer_role_with_system,
+                uses_reasoning_parser=cfg.uses_reasoning_parser,
+            )
+        except ChatConversionError as exc:
+            raise StreamRefused(_error_response(exc)) from None
+        if unmapped:
+            self._report_once(unmapped)
+        chat["stream_options"] = {"include_usage": True}
+        chunks, tokenize = await self._open_chat_stream(chat, session_id, prepared=True)
+        stub = build_response(params, [], model=cfg.model)
+        translator = ChatToResponses(stub, split_think=True, output_logprobs=wants_output_logprobs(params))
+        try:
+            for _, payload in translator.start():
+                yield payload
+            async for chunk in chunks:
+                for _, payload in translator.feed(chunk):
+                    yield payload
+            prompt_token_ids = await _prompt_token_ids(tokenize) if tokenize is not None else None
+            completion = self._postprocess_completion(translator.chunks.completion(), prompt_token_ids)
+            final = chat_completion_to_response(params, completion, model=cfg.model, new_id=translator.final_id)
+            for _, payload in translator.finish(final):
+                yield payload
+        finally:
+            if tokenize is not None:
+                tokenize.cancel()
+            await chunks.aclose()
+
+    async def stream_chat_completions(
+        self, body: NeMoGymChatCompletionCreateParamsNonStreaming, request: Request
+    ) -> AsyncIterator[dict]:
+        """The upstream's chunks as they come, with what the non-streamed route does to its answer done per chunk:
+        reasoning fields folded into `<think>` content, and in training mode each choice's per-token logprobs as
+        `generation_token_ids` / `generation_log_probs` on its delta (the finishing chunk's delta also gets
+        `prompt_token_ids`), so the deltas add up to the non-streamed message."""
+        cfg = self.config
+        chunks, tokenize = await self._open_chat_stream(body.model_dump(exclude_unset=True), _session_id(request))
+        thinking: set[int] = set()  # choices inside a folded <think> block
+        try:
+            async for chunk in chunks:
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta")
+                    if not isinstance(delta, dict):
+                        continue
+                    index = choice.get("index", 0)
+                    reasoning = delta.pop("reasoning_content", None) or delta.pop("reasoning", None)
+                    delta.pop("reasoning", None)
+                    if reasoning:
+                        if not cfg.uses_reasoning_parser:
+                            self._report_once(
+                                ["upstream reasoning fields"],
+                                "{name}: the upstream returned reasoning_content/reasoning although "
+                                "uses_reasoning_parser is false; it was kept as <think> text. Set "
+                                "uses_reasoning_parser: true for this upstream.",
+                            )
+                        opening = "" if index in thinking else "<think>"
+                        thinking.add(index)
+                        delta["content"] = opening + reasoning + (delta.get("content") or "")
+                    elif index in thinking and (delta.get("content") or delta.get("tool_calls")
+                                                or choice.get("finish_reason")):
+                        thinking.discard(index)
+                        delta["content"] = "</think>" + (delta.get("content") or "")
+                    if tokenize is not None:
+                        if isinstance(choice.get("logprobs"), dict):
+                            ids, logprobs = generation_tokens_from_logprobs(choice.pop("logprobs"))
+                            delta["generation_token_ids"], delta["generation_log_probs"] = ids, logprobs
+                        if choice.get("finish_reason") is not None:
+                            delta["prompt_token_ids"] = await _prompt_token_ids(tokenize)
+                yield chunk
+        finally:
+            if tokenize is not None:
+                tokenize.cancel()
+            await chunks.aclose()
+
+    async def _open_chat_stream(
+        self, body: dict, session_id: Optional[str], prepared: bool = False
+    ) -> tuple[AsyncIterator[dict], Optional[asyncio.Task]]:
+        """The upstream's chunks for chat params `body` (prepared as for a non-streamed call) and the training
+        tokenize task, once the upstream has started to answer; errors before that raise `StreamRefused` with the
+        answer the non-streamed route would give (a context-length error streams the same empty completion)."""
+        try:
+            body, early = self._prepare_chat_body(body, prepared)
+        except ChatConversionError as exc:
+            raise StreamRefused(_error_response(exc)) from None
+        if early is not None:
+            return _chunks_of(early), None
+        client = await self._client_for(session_id)
+        tokenize = self._start_tokenize(client, body)
+        chunks = self._upstream_stream(client, "chat/completions", body)
+        try:
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except NeMoGymOpenAIError as exc:
+            if tokenize is not None:
+                tokenize.cancel()
+            if is_context_length_error(exc.status, exc.body):
+                return _chunks_of(empty_chat_completion(self.config.model, "length")), None
+            raise StreamRefused(_error_response(exc)) from None
+        except (ChatConversionError, httpx.TransportError) as exc:
+            if tokenize is not None:
+                tokenize.cancel()
+            raise StreamRefused(_error_response(exc)) from None
+        except BaseException:
+            if tokenize is not None:
+                tokenize.cancel()
+            raise
+        if first is None:
+            return _chunks_of(empty_chat_completion(self.config.model, "stop")), tokenize
+        return _prepend(first, chunks), tokenize
+
+    def _upstream_stream(self, client: NeMoGymAsyncOpenAI, route: str, body: dict) -> AsyncIterator[dict]:
+        """The payloads of the upstream's streamed answer on `route` (with `stream: true`)."""
+        return _payloads(upstream_sse(
+            f"{client.base_url}/{route}", {**body, "stream": True}, api_key=self.config.api_key,
+            retry_policy=client.retry_policy, global_config=self._global_config(),
+        ))
+
+    async def _refusing(self, payloads: AsyncIterator[dict]) -> AsyncIterator[dict]:
+        """`payloads`, an upstream error before the first one raised as `StreamRefused`."""
+        try:
+            try:
+                first = await payloads.__anext__()
+            except StopAsyncIteration:
+                return
+            except (NeMoGymOpenAIError, httpx.TransportError) as exc:
+                raise StreamRefused(_error_response(exc)) from None
+            yield first
+            async for payload in payloads:
+                yield payload
+        finally:
+            await payloads.aclose()
+
     # -- the work, on plain dicts (subclasses and in-process callers use these) -------------------------------
 
     async def create_response_dict(self, params: dict, *, session_id: Optional[str] = None) -> dict:
@@ -261,6 +428,29 @@ class VLLMModel(SimpleResponsesAPIModel):
 
         ``prepared``: the messages already had the developer-role and reasoning-parser adjustments (the Responses
         path does them while converting)."""
+        body, early = self._prepare_chat_body(body, prepared)
+        if early is not None:
+            return early
+        client = await self._client_for(session_id)
+        tokenize = self._start_tokenize(client, body)
+        try:
+            completion = await client.create_chat_completion(**body)
+        except NeMoGymOpenAIError as exc:
+            if tokenize is not None:
+                tokenize.cancel()
+            if is_context_length_error(exc.status, exc.body):
+                return empty_chat_completion(self.config.model, "length")
+            raise
+        except BaseException:
+            if tokenize is not None:
+                tokenize.cancel()
+            raise
+        prompt_token_ids = await _prompt_token_ids(tokenize) if tokenize is not None else None
+        return self._postprocess_completion(completion, prompt_token_ids)
+
+    def _prepare_chat_body(self, body: dict, prepared: bool) -> tuple[dict, Optional[dict]]:
+        """The upstream's chat request for `body`, or (when the call must not reach the upstream) the completion
+        to answer with instead."""
         cfg = self.config
         body = dict(body)
         if not prepared and (cfg.replace_developer_role_with_system or cfg.uses_reasoning_parser):
@@ -282,40 +472,21 @@ class VLLMModel(SimpleResponsesAPIModel):
 
         if not cfg.sequential_reasoning_allowed and _ends_with_bare_assistant(body.get("messages") or []):
             # The previous step produced only reasoning and this model may not reason twice in a row.
-            return empty_chat_completion(cfg.model, "content_filter")
+            return body, empty_chat_completion(cfg.model, "content_filter")
+        return body, None
 
-        client = await self._client_for(session_id)
-        tokenize: Optional[asyncio.Task] = None
-        if cfg.return_token_id_information:
-            tokenize = asyncio.ensure_future(
-                client.create_tokenize(**{k: body[k] for k in _TOKENIZE_KEYS if k in body})
-            )
-            tokenize.add_done_callback(_retrieve_exception)
-        try:
-            completion = await client.create_chat_completion(**body)
-        except NeMoGymOpenAIError as exc:
-            if tokenize is not None:
-                tokenize.cancel()
-            if is_context_length_error(exc.status, exc.body):
-                return empty_chat_completion(cfg.model, "length")
-            raise
-        except BaseException:
-            if tokenize is not None:
-                tokenize.cancel()
-            raise
+    def _start_tokenize(self, client: NeMoGymAsyncOpenAI, body: dict) -> Optional[asyncio.Task]:
+        """Training mode: the upstream's /tokenize of the prompt, run while the generation runs."""
+        if not self.config.return_token_id_information:
+            return None
+        tokenize = asyncio.ensure_future(client.create_tokenize(**{k: body[k] for k in _TOKENIZE_KEYS if k in body}))
+        tokenize.add_done_callback(_retrieve_exception)
+        return tokenize
 
-        prompt_token_ids: Optional[list] = None
-        if tokenize is not None:
-            try:
-                tokens = (await tokenize).get("tokens")
-            except NeMoGymOpenAIError as exc:
-                raise RuntimeError(
-                    f"Training mode (return_token_id_information: true) takes the prompt token ids from the "
-                    f"upstream's POST /tokenize (a vLLM route), which answered HTTP {exc.status}: {exc.body[:500]}"
-                ) from None
-            if not isinstance(tokens, list):
-                raise ValueError(f"The upstream's /tokenize returned no token list (got {tokens!r}).")
-            prompt_token_ids = tokens
+    def _postprocess_completion(self, completion: dict, prompt_token_ids: Optional[list]) -> dict:
+        """The upstream's completion as this server answers it: reasoning fields folded into `<think>` content,
+        training token data on the message."""
+        cfg = self.config
         for choice in completion.get("choices") or ():
             message = choice.get("message")
             if not isinstance(message, dict):
@@ -338,6 +509,11 @@ class VLLMModel(SimpleResponsesAPIModel):
 
     async def create_native_response_dict(self, params: dict, *, session_id: Optional[str] = None) -> dict:
         """`is_responses_native`: forward to the upstream's /responses (model, developer role, overrides applied)."""
+        body = await self._native_body(params)
+        return await (await self._client_for(session_id)).create_response(**body)
+
+    async def _native_body(self, params: dict) -> dict:
+        """The upstream /responses request for `params` (`is_responses_native`)."""
         cfg = self.config
         body = dict(params)
         body["model"] = cfg.model
@@ -349,7 +525,7 @@ class VLLMModel(SimpleResponsesAPIModel):
         body, extra_body = self._apply_overrides(body)
         if extra_body:
             body = {**extra_body, **body}
-        return await (await self._client_for(session_id)).create_response(**body)
+        return body
 
     # -- helpers --------------------------------------------------------------------------------------------
 
@@ -410,6 +586,51 @@ class VLLMModel(SimpleResponsesAPIModel):
                     self.config.name,
                     name,
                 )
+
+
+async def _prompt_token_ids(tokenize: asyncio.Task) -> list:
+    try:
+        tokens = (await tokenize).get("tokens")
+    except NeMoGymOpenAIError as exc:
+        raise RuntimeError(
+            f"Training mode (return_token_id_information: true) takes the prompt token ids from the "
+            f"upstream's POST /tokenize (a vLLM route), which answered HTTP {exc.status}: {exc.body[:500]}"
+        ) from None
+    if not isinstance(tokens, list):
+        raise ValueError(f"The upstream's /tokenize returned no token list (got {tokens!r}).")
+    return tokens
+
+
+async def _chunks_of(completion: dict) -> AsyncIterator[dict]:
+    """A whole chat completion as chunks (a call answered without the upstream)."""
+    for _, chunk in chat_completion_chunks(completion, include_usage=True):
+        if chunk is not DONE:
+            yield chunk
+
+
+async def _prepend(first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[dict]:
+    try:
+        yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()
+
+
+async def _payloads(events: AsyncIterator[tuple]) -> AsyncIterator[dict]:
+    """The JSON payloads of an upstream's server-sent events, up to `[DONE]`."""
+    try:
+        async for _, payload in events:
+            if payload is DONE:
+                break
+            if isinstance(payload, dict) and "error" in payload and "type" not in payload and "choices" not in payload:
+                error = payload["error"]
+                message = error.get("message") if isinstance(error, dict) else error
+                raise RuntimeError(f"the upstream's stream failed: {message}")
+            if isinstance(payload, dict):
+                yield payload
+    finally:
+        await events.aclose()
 
 
 def _session_id(request: Request) -> Optional[str]:

@@ -169,3 +169,87 @@ def test_script_files_json_and_jsonl(tmp_path):
         load_rules(str(bad))
     with pytest.raises(SystemExit, match="rules.jsonl:3"):
         main(["--script", str(bad)])
+
+
+def sse(response) -> list:
+    """The (event, payload) pairs of a server-sent-events body."""
+    from nemo_gym.api.streaming import SSEDecoder
+
+    decoder = SSEDecoder()
+    events = [decoder.line(line) for line in response.text.split("\n")]
+    return [event for event in events if event is not None]
+
+
+STREAM_RULES = [
+    {"name": "call", "match": {"has_tools": True}, "chunk_delay_ms": 1,
+     "output": [{"type": "function_call", "name": "add", "arguments": {"numbers": [1, 2, 3], "note": "sum them"}}]},
+    {"name": "think", "match": {"last_user_contains": "think"},
+     "output": [{"type": "reasoning", "text": "let me see"}, "The answer is four."]},
+    {"name": "broken", "match": {"last_user_contains": "break"}, "status": 503, "error_message": "busy"},
+    {"name": "text", "output": ["one two three four"]},
+]
+
+
+def test_streamed_chat_completions_split_text_and_arguments_into_chunks():
+    from nemo_gym.api.streaming import DONE
+
+    c = client(script=STREAM_RULES)
+    unstreamed = chat(c, messages=[{"role": "user", "content": "hi"}]).json()["choices"][0]["message"]["content"]
+    answer = chat(c, messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert answer.headers["content-type"].startswith("text/event-stream") and answer.headers["x-fake-rule"] == "text"
+    events = sse(answer)
+    assert events[-1] == (None, DONE)
+    chunks = [payload for _, payload in events[:-1]]
+    assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
+    texts = [ch["choices"][0]["delta"].get("content") for ch in chunks if ch["choices"]]
+    assert texts[0] == "" and len([t for t in texts if t]) == 4 and "".join(t or "" for t in texts) == unstreamed
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and "usage" not in chunks[-1]  # usage not asked
+
+    events = sse(chat(c, messages=[{"role": "user", "content": "hi"}], tools=[CHAT_TOOL], stream=True,
+                      stream_options={"include_usage": True}))
+    chunks = [payload for _, payload in events[:-1]]
+    calls = [call for ch in chunks if ch["choices"] for call in ch["choices"][0]["delta"].get("tool_calls") or ()]
+    assert calls[0]["id"] and calls[0]["function"]["name"] == "add"
+    arguments = [call["function"]["arguments"] for call in calls[1:]]
+    assert len(arguments) > 1 and json.loads("".join(arguments)) == {"numbers": [1, 2, 3], "note": "sum them"}
+    assert [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]][-1] == "tool_calls"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 10, "completion_tokens": 5,
+                                                                   "total_tokens": 15}
+    app = c.app
+    assert [(r["rule"], r["state"], r["endpoint"]) for r in app.state.streams.records] == [
+        ("text", "completed", "chat_completions"), ("call", "completed", "chat_completions")]
+    again = sse(chat(c, messages=[{"role": "user", "content": "hi"}], stream=True))
+    assert app.state.streams.records[0]["sent"] == len(again)
+
+
+def test_streamed_responses_are_the_responses_event_sequence():
+    c = client(script=STREAM_RULES)
+    events = sse(responses(c, input="think hard", stream=True))
+    kinds = [name for name, _ in events]
+    assert all(name == payload["type"] for name, payload in events)
+    assert [payload["sequence_number"] for _, payload in events] == list(range(len(events)))
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert kinds[-1] == "response.completed"
+    assert kinds.count("response.reasoning_summary_text.delta") == 3 and kinds.count("response.output_text.delta") == 4
+    final = events[-1][1]["response"]
+    text = "".join(p["delta"] for name, p in events if name == "response.output_text.delta")
+    assert text == final["output"][1]["content"][0]["text"] == "The answer is four."
+    assert final["output"][0]["summary"] == [{"type": "summary_text", "text": "let me see"}]
+    done = [p["item"] for name, p in events if name == "response.output_item.done"]
+    assert done == final["output"]  # the items as streamed are the final ones
+
+    events = sse(responses(c, input="x", tools=[TOOL], stream=True))
+    pieces = [p["delta"] for name, p in events if name == "response.function_call_arguments.delta"]
+    assert len(pieces) > 1 and json.loads("".join(pieces)) == {"numbers": [1, 2, 3], "note": "sum them"}
+    assert events[-1][1]["response"]["output"][0]["arguments"] == "".join(pieces)
+
+
+def test_a_streamed_error_is_plain_json_with_its_status():
+    c = client(script=STREAM_RULES)
+    answer = responses(c, input="break", stream=True)
+    assert answer.status_code == 503 and answer.json()["error"]["message"] == "busy"
+    assert c.app.state.streams.records == []
+    with pytest.raises(ScriptError, match=r"unknown rule keys \['chunk_delay'\]"):
+        load_rules([{"output": ["x"], "chunk_delay": 5}])
+    with pytest.raises(ScriptError, match="pause_after_chunks: expected"):
+        load_rules([{"output": ["x"], "pause_after_chunks": "soon"}])
