@@ -85,6 +85,11 @@ class GlobalKeys(BaseNeMoGymCLIConfig):
     ray_head_node_address: Optional[str] = Field(
         default=None, description="Join this Ray cluster instead of starting one."
     )
+    ray_bind_host: Optional[str] = Field(
+        default=None,
+        description="Where servers run as Ray actors listen: an address, or node_ip (the node's address as Ray knows "
+        "it). null = node_ip when joining a cluster (ray_head_node_address given), else 127.0.0.1.",
+    )
     ray_num_cpus: Optional[int] = Field(default=None, description="CPUs of a Ray cluster started here.")
     ray_num_gpus: Optional[int] = Field(default=None, description="GPUs of a Ray cluster started here.")
     dry_run: bool = Field(default=False, description="Build the server environments, start nothing, exit.")

@@ -220,6 +220,11 @@ class BaseRunServerConfig(BaseServerConfig):
     # children and the head server see; a list written in the config is used as is).
     num_replicas: int = Field(default=1, ge=1)
     replica_ports: Optional[list[int]] = None
+    # Run the replicas as Ray actors with these options (Ray's names; docs/design.md, decision 24), where to
+    # place them, and how often Ray restarts one (default: restart_policy.max_restarts; -1 = without limit).
+    ray_actor_options: Optional[dict[str, Any]] = None
+    scheduling_strategy: Optional[Literal["SPREAD", "DEFAULT"]] = None
+    max_restarts: Optional[int] = Field(default=None, ge=-1)
 
 
 class BaseRunServerInstanceConfig(BaseRunServerConfig):

@@ -20,6 +20,11 @@ Behaviour (NeMo Gym v0.2 compatible):
   checking the signature), so a rollout's calls stay where its session state is; any other call goes to the
   replica with the fewest requests in flight from this client, ties broken round-robin. Servers with one
   replica take none of this path.
+- **Ray actor replicas** (decision 24): a block with `ray_actor_options` has replicas whose addresses only
+  `ng_run` knows (each actor bound a free port on its node, a new one after a restart); they are read from the
+  head server's `/server_instances` on first use and again when a replica fails to answer. A replica that
+  refused or dropped a connection is left out of the choice for a couple of seconds (failover); a call pinned
+  by its session cookie stays with its replica (its new address, after a restart).
 - **Bodies**: `json=` may be a pydantic model (dumped with `exclude_unset=True`) or plain data; it is
   serialized to bytes (orjson for plain data, pydantic's Rust serializer for models; nested models inside
   plain data go through orjson's `default` hook) and sent as content with `Content-Type: application/json`.
@@ -57,6 +62,7 @@ with `await close_global_client()`.
 from __future__ import annotations
 
 import asyncio
+from time import monotonic as _monotonic
 import atexit
 import http.cookiejar
 import logging
@@ -789,38 +795,87 @@ def _coerce_timeout(timeout: Any) -> dict:
     return httpx.Timeout(timeout).as_dict()
 
 
+# A replica that refused or dropped a connection is not chosen for this long (unless all are out).
+REPLICA_DOWN_S = 2.0
+# Ray actor replicas: re-read their addresses from the head server at most this often while one is out.
+REPLICA_REFRESH_S = 0.5
+# Errors after which a replica counts as gone (its process died or is restarting).
+_REPLICA_GONE_ERRORS: tuple[type[BaseException], ...] = (
+    httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError,
+    aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
+)
+
+
 class Replicas:
-    """The replicas of one server (a block with several `replica_ports`) as one `ServerClient` sees them: their
-    base URLs, this client's requests in flight to each, and how a call picks one (`choose`)."""
+    """The replicas of one server (a block with several `replica_ports`, or Ray actors) as one `ServerClient`
+    sees them: their base URLs (None: a Ray actor replica with no address now), this client's requests in flight
+    to each, which are out for a moment, and how a call picks one (`choose`)."""
 
-    __slots__ = ("bases", "in_flight", "suffix", "_next", "_urls", "_sticky")
+    __slots__ = ("bases", "in_flight", "suffix", "_next", "_urls", "_sticky", "down_until", "dynamic", "refreshed_at")
 
-    def __init__(self, server_name: str, bases: list[str]) -> None:
+    def __init__(self, server_name: str, bases: list[Optional[str]], *, dynamic: bool = False) -> None:
         self.bases = bases
         self.in_flight = [0] * len(bases)
         self.suffix = "___" + str(server_name)  # the end of this server's session cookie name
         self._next = 0
         self._urls: list[dict[str, URL]] = [{} for _ in bases]
         self._sticky: dict[Any, Optional[int]] = {}  # cookie value -> replica in its payload (bounded)
+        self.down_until = [0.0] * len(bases)
+        self.dynamic = dynamic  # addresses come from the head server (Ray actors)
+        self.refreshed_at = 0.0
 
     def __len__(self) -> int:
         return len(self.bases)
 
+    def _out(self, i: int, now: float) -> bool:
+        return self.bases[i] is None or self.down_until[i] > now
+
     def least_loaded(self) -> int:
         """The replica with the fewest requests in flight from this client; among equals, the first after the
-        one chosen last, so ties go round-robin."""
+        one chosen last, so ties go round-robin. Replicas that are out (no address, or failed a moment ago) are
+        skipped while another is in."""
         in_flight = self.in_flight
         n = len(in_flight)
         best = start = self._next
-        best_load = in_flight[start]
-        for k in range(1, n):
-            i = start + k
-            if i >= n:
-                i -= n
-            if in_flight[i] < best_load:
-                best, best_load = i, in_flight[i]
+        if self.dynamic or any(self.down_until):  # the slower path: some replica may be out
+            now = _monotonic()
+            best_key = (self._out(start, now), in_flight[start])
+            for k in range(1, n):
+                i = start + k if start + k < n else start + k - n
+                key = (self._out(i, now), in_flight[i])
+                if key < best_key:
+                    best, best_key = i, key
+            if self.bases[best] is None:  # no replica has an address: any with one, else this one
+                best = next((i for i in range(n) if self.bases[i] is not None), best)
+        else:
+            best_load = in_flight[start]
+            for k in range(1, n):
+                i = start + k
+                if i >= n:
+                    i -= n
+                if in_flight[i] < best_load:
+                    best, best_load = i, in_flight[i]
         self._next = best + 1 if best + 1 < n else 0
         return best
+
+    def mark_down(self, replica: int) -> None:
+        self.down_until[replica] = _monotonic() + REPLICA_DOWN_S
+
+    def stale(self) -> bool:
+        """A Ray actor replica is out and its address was not re-read for a moment."""
+        if not self.dynamic:
+            return False
+        now = _monotonic()
+        return now - self.refreshed_at > REPLICA_REFRESH_S and any(self._out(i, now) for i in range(len(self.bases)))
+
+    def update(self, bases: list[Optional[str]]) -> None:
+        """New addresses (from the head server): a replica at a new address is in again."""
+        self.refreshed_at = _monotonic()
+        for i, base in enumerate(bases[: len(self.bases)]):
+            if base != self.bases[i]:
+                self.bases[i] = base
+                self._urls[i] = {}
+                self.down_until[i] = 0.0
 
     def pinned(self, cookies: CookiesLike) -> Optional[int]:
         """The replica named by this server's session cookie among `cookies`, or None (no such cookie, or one
@@ -860,7 +915,10 @@ class Replicas:
         url = urls.get(url_path)
         if url is None:
             path = url_path if not url_path or url_path.startswith("/") else "/" + url_path
-            url = URL(self.bases[replica] + path)
+            base = self.bases[replica]
+            if base is None:  # a Ray actor replica without an address (restarting): a refused connection
+                base = "http://127.0.0.1:1"
+            url = URL(base + path)
             if len(urls) >= 4096:
                 urls.clear()
             urls[url_path] = url
@@ -919,17 +977,71 @@ class ServerClient(RetryingClient):
         self._replicas.clear()
 
     def base_url(self, server_name: str) -> str:
-        """`http://host:port` of a server id (cached)."""
+        """`http://host:port` of a server id (cached). For Ray actor replicas: the first one with an address."""
         url = self._base_urls.get(server_name)
         if url is None:
             url = self._resolve_base_url(server_name)
-            self._base_urls[server_name] = url
-            bases = self._resolve_replica_urls(server_name, url)
-            if len(bases) > 1:
-                self._replicas[server_name] = Replicas(server_name, bases)
+            n_actors = self._ray_actor_replicas(server_name)
+            if n_actors:
+                bases = self._fetch_actor_bases(server_name, n_actors)
+                self._replicas[server_name] = replicas = Replicas(server_name, bases, dynamic=True)
+                replicas.refreshed_at = _monotonic()
+                url = next((b for b in bases if b is not None), url)
             else:
-                self._replicas.pop(server_name, None)
+                bases = self._resolve_replica_urls(server_name, url)
+                if len(bases) > 1:
+                    self._replicas[server_name] = Replicas(server_name, bases)
+                else:
+                    self._replicas.pop(server_name, None)
+            self._base_urls[server_name] = url
         return url
+
+    def _ray_actor_replicas(self, server_name: str) -> int:
+        """How many Ray actor replicas serve this server (0: it is not run as Ray actors)."""
+        try:
+            from nemo_gym.config.global_config import get_first_server_config_dict
+
+            cfg = get_first_server_config_dict(self.global_config_dict, server_name)
+        except Exception:
+            return 0
+        if cfg is None or cfg.get("ray_actor_options") is None:
+            return 0
+        return int(cfg.get("num_replicas") or 1)
+
+    def _head_url(self) -> str:
+        head = self.head_server_config or config_get(self.global_config_dict, "head_server") or {}
+        host = _get_field(head, "host") or "127.0.0.1"
+        port = _get_field(head, "port") or 11000
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        host = f"[{host}]" if ":" in str(host) and not str(host).startswith("[") else host
+        return f"http://{host}:{int(port)}"
+
+    def _fetch_actor_bases(self, server_name: str, n: int) -> list[Optional[str]]:
+        """Each replica's base URL as the head server lists it now (None: no address, e.g. restarting)."""
+        bases: list[Optional[str]] = [None] * n
+        try:
+            response = httpx.get(
+                self._head_url() + "/server_instances", timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False
+            )
+            instances = response.json() if response.status_code == 200 else []
+        except (httpx.HTTPError, ValueError):
+            return bases
+        for inst in instances:
+            if inst.get("process_name") != server_name or inst.get("state") not in ("ready", "restarting"):
+                continue
+            replica = int(inst.get("replica") or 0)
+            if 0 <= replica < n and inst.get("url") and inst.get("state") == "ready":
+                bases[replica] = str(inst["url"])
+        return bases
+
+    async def _refresh_actor_replicas(self, server_name: str, replicas: Replicas) -> None:
+        """Re-read the addresses of a server's Ray actor replicas (in a thread: the call is blocking)."""
+        if _monotonic() - replicas.refreshed_at < REPLICA_REFRESH_S:
+            return
+        replicas.refreshed_at = _monotonic()
+        bases = await asyncio.to_thread(self._fetch_actor_bases, server_name, len(replicas))
+        replicas.update(bases)
 
     def replicas(self, server_name: str) -> Optional[Replicas]:
         """The replicas of a server with several (`replica_ports` in its block), else None."""
@@ -1072,6 +1184,8 @@ class ServerClient(RetryingClient):
         replicas = self._replicas.get(server_name) if self._replicas else None
         replica = -1
         if replicas is not None:  # several processes serve it: the session's one, else the least loaded
+            if replicas.dynamic and replicas.stale():
+                await self._refresh_actor_replicas(server_name, replicas)
             replica = replicas.choose(cookies)
             url = replicas.url(replica, url_path)
 
@@ -1124,12 +1238,12 @@ class ServerClient(RetryingClient):
                 return ServerResponse(resp.status, resp.reason, resp.headers, content, resp.url, method, server_name)
 
         else:  # an httpx transport (`http_client_transport: httpx`, or one passed in)
-            request = httpx.Request(
-                method, str(url), params=params, headers=header_map, content=body,
-                extensions={"timeout": timeout_override or self._timeout_dict},
-            )
 
             async def send() -> ServerResponse:
+                request = httpx.Request(
+                    method, str(url), params=params, headers=header_map, content=body,
+                    extensions={"timeout": timeout_override or self._timeout_dict},
+                )
                 response = await transport.handle_async_request(request)
                 try:
                     await response.aread()
@@ -1141,6 +1255,25 @@ class ServerClient(RetryingClient):
 
         if replica >= 0:
             replicas.in_flight[replica] += 1
+            send_once = send
+
+            async def send() -> ServerResponse:  # noqa: F811 - failover around the chosen transport's send
+                """A replica that refused or dropped the connection is out for a moment, and a retry goes to the
+                replica chosen again (the same one when the session cookie pins it, at its new address)."""
+                nonlocal replica, url, host, port, target
+                try:
+                    return await send_once()
+                except _REPLICA_GONE_ERRORS:
+                    replicas.mark_down(replica)
+                    if replicas.dynamic:
+                        await self._refresh_actor_replicas(server_name, replicas)
+                    replicas.in_flight[replica] -= 1
+                    replica = replicas.choose(cookies)
+                    replicas.in_flight[replica] += 1
+                    url = replicas.url(replica, url_path)
+                    host, port, target = url.host, url.port, url.raw_path_qs
+                    raise
+
         try:
             outcome = await self.retry_policy.run(
                 send,

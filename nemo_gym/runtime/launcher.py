@@ -18,6 +18,10 @@ Why it looks like this:
   as N processes, each on its own reserved port and supervised on its own (`ServerProcess.replica`); the ports
   are written into the config as the block's `replica_ports`, so clients and the head server know every replica.
   With `num_replicas: 1` (the default) nothing of this happens.
+- Ray actors (decision 24): a block with `ray_actor_options` runs as `num_replicas` Ray actors
+  (runtime/ray_actors.py), each running the same server command on the node Ray picked, on a port it bound
+  there. Ray restarts them (`max_restarts`); this process polls their addresses for the head server. Ray is
+  imported only when some block has `ray_actor_options` (or asks for Ray otherwise).
 """
 
 from __future__ import annotations
@@ -197,6 +201,7 @@ class RunHelper:
         self.cwd = Path(cwd or os.getcwd())
         self.out = out or sys.stdout
         self.servers: list[ServerProcess] = []
+        self.ray_replicas: list = []  # RayReplica, for blocks with `ray_actor_options` (runtime/ray_actors.py)
         self.head = None
         self.ray_handle = None
         self._stop_requested = threading.Event()
@@ -241,6 +246,9 @@ class RunHelper:
             if port is None:
                 raise NeMoGymConfigError(f"Server '{spec.server_id}' has no port (the config was not allocated).")
             policy = restart_policy_for(self.cfg, spec)
+            if resolved.get("ray_actor_options") is not None:
+                self._prepare_ray_block(spec, resolved, server_dir, host, int(port), policy)
+                continue
             ports = self._replica_ports(spec, resolved, host, int(port))
             for replica, replica_port in enumerate(ports):
                 self.servers.append(
@@ -250,6 +258,43 @@ class RunHelper:
                     )
                 )
         self._reserve_explicit_ports()
+
+    def _prepare_ray_block(
+        self, spec: ServerInstanceSpec, resolved: dict, server_dir: Path, host: str, port: int, policy: RestartPolicy
+    ) -> None:
+        """One `RayReplica` per replica of a block with `ray_actor_options`; the actors pick their own ports, so
+        the port the config allocated for the block is given back."""
+        from nemo_gym.config.ports import release_port
+        from nemo_gym.runtime.ray_actors import RayReplica
+
+        key = f"{spec.server_id}.{spec.server_type}.{spec.impl}"
+        n = resolved.get("num_replicas", 1)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise NeMoGymConfigError(f"`{key}.num_replicas` must be an integer of at least 1, got {n!r}.")
+        options = resolved.get("ray_actor_options")
+        if not isinstance(options, dict):
+            raise NeMoGymConfigError(
+                f"`{key}.ray_actor_options` must be a mapping of Ray actor options (e.g. {{num_cpus: 1, "
+                f"resources: {{verifier_node: 1}}}}), got {options!r}."
+            )
+        strategy = resolved.get("scheduling_strategy")
+        if strategy is not None and strategy not in ("SPREAD", "DEFAULT"):
+            raise NeMoGymConfigError(f"`{key}.scheduling_strategy` must be SPREAD or DEFAULT, got {strategy!r}.")
+        max_restarts = resolved.get("max_restarts", policy.max_restarts)
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < -1:
+            raise NeMoGymConfigError(
+                f"`{key}.max_restarts` must be an integer (-1: restart without limit), got {max_restarts!r}."
+            )
+        if resolved.get("replica_ports") is not None:
+            raise NeMoGymConfigError(
+                f"`{key}.replica_ports` cannot be used with `ray_actor_options`: each actor binds a free port on "
+                f"its node. Remove one of the two."
+            )
+        release_port(host, port)
+        for replica in range(n):
+            self.ray_replicas.append(
+                RayReplica(spec=spec, server_dir=server_dir, replica=replica, num_replicas=n, max_restarts=max_restarts)
+            )
 
     def _replica_ports(self, spec: ServerInstanceSpec, resolved: dict, host: str, port: int) -> list[int]:
         """The port of each replica of a block: `[port]` for one; for `num_replicas: N`, `port` then the block's
@@ -261,11 +306,6 @@ class RunHelper:
             raise NeMoGymConfigError(f"`{key}.num_replicas` must be an integer of at least 1, got {n!r}.")
         if n == 1:
             return [port]
-        if resolved.get("ray_actor_options") is not None:
-            raise NeMoGymConfigError(
-                f"Server '{spec.server_id}': `ray_actor_options` (replicas as Ray actors) is not supported yet; "
-                f"remove it to run `num_replicas: {n}` as local processes."
-            )
         given = resolved.get("replica_ports")
         if given is not None:
             if not isinstance(given, list) or len(given) != n or any(isinstance(p, bool) or not isinstance(p, int) for p in given):
@@ -321,19 +361,20 @@ class RunHelper:
             except BaseException as exc:  # reported below, with the server named
                 results[server.spec.server_id] = exc
 
-        firsts = [s for s in self.servers if s.replica == 0]  # replicas share their block's interpreter
+        everything = [*self.servers, *self.ray_replicas]
+        firsts = [s for s in everything if s.replica == 0]  # replicas share their block's interpreter
         threads = [threading.Thread(target=build, args=(s,), daemon=True) for s in firsts]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        for server in self.servers:
+        for server in everything:
             value = results.get(server.spec.server_id)
             if isinstance(value, BaseException):
                 raise value
         return results
 
-    def _child_env(self, server: ServerProcess, config_yaml: str, fd: Optional[int]) -> dict[str, str]:
+    def _child_env(self, server: Any, config_yaml: str, fd: Optional[int]) -> dict[str, str]:
         from nemo_gym.config.global_config import (
             NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME,
             NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
@@ -390,8 +431,16 @@ class RunHelper:
         self.reserve_head_port()
         sock = take_reserved_socket(str(self.cfg.head_server.host), int(self.cfg.head_server.port))
         masked = OmegaConf.to_yaml(OmegaConf.create(mask_secrets(OmegaConf.to_container(self.cfg, resolve=False))))
-        self.head = HeadServer(masked, lambda: [s.display() for s in self.servers])
+        self.head = HeadServer(masked, self.instances)
         self.head.start(sock)
+
+    def instances(self) -> list[dict[str, Any]]:
+        """The head server's `/server_instances`: every local process, then every Ray actor replica."""
+        return [*(s.display() for s in self.servers), *(r.display() for r in self.ray_replicas)]
+
+    @property
+    def n_servers(self) -> int:
+        return len(self.servers) + len(self.ray_replicas)
 
     def start_servers(self) -> None:
         from nemo_gym.config.ports import take_reserved_socket
@@ -405,6 +454,40 @@ class RunHelper:
             server.argv = [*commands[server.spec.server_id], entrypoint]
             server.env = self._child_env(server, config_yaml, fd)
             self._spawn(server)
+        if self.ray_replicas:
+            self._start_actors(commands, config_yaml)
+
+    def _start_actors(self, commands: dict[str, list[str]], config_yaml: str) -> None:
+        """One Ray actor per replica of each block with `ray_actor_options` (runtime/ray_actors.py)."""
+        from nemo_gym.runtime.ray import connect_driver
+        from nemo_gym.runtime.ray_actors import actor_options, bind_host_for, remote_actor_class
+
+        assert self.ray_handle is not None, "blocks with ray_actor_options make start_ray start or join Ray"
+        connect_driver(self.ray_handle)
+        actor_cls = remote_actor_class()
+        bind_host = bind_host_for(self.cfg, joined_cluster=not self.ray_handle.started)
+        head_host = str(self.cfg.head_server.host)
+        if bind_host != "127.0.0.1" and head_host in ("127.0.0.1", "localhost", "::1"):
+            self.say(
+                f"WARNING: the head server listens on {head_host}, so servers on other Ray nodes cannot ask it where "
+                f"the replicas are. On a cluster, pass +head_server.host=<this node's address> (and "
+                f"+default_host=<it> for servers that stay local); see docs/scale-out.md."
+            )
+        for replica in self.ray_replicas:
+            argv = [*commands[replica.spec.server_id], str(replica.spec.config.get("entrypoint"))]
+            env = self._child_env(replica, config_yaml, None)
+            block = replica.spec.config
+            block = OmegaConf.to_container(block, resolve=True) if isinstance(block, DictConfig) else dict(block)
+            options = actor_options(block, max_restarts=replica.max_restarts)
+            try:
+                replica.start(actor_cls, argv, env, bind_host, options)
+            except Exception as exc:  # bad ray_actor_options: Ray's own message, with the block named
+                key = f"{replica.spec.server_id}.{replica.spec.server_type}.{replica.spec.impl}.ray_actor_options"
+                raise NeMoGymConfigError(f"`{key}`: Ray refused these actor options: {exc}") from None
+
+    def _poll_actors(self) -> None:
+        for replica in self.ray_replicas:
+            replica.poll()
 
     def _spawn(self, server: ServerProcess) -> None:
         """Start (or restart) the server's process on its socket, with the argv and environment of the first start."""
@@ -455,36 +538,59 @@ class RunHelper:
                         server.ready = client.get(server.url + "/health").status_code == 200
                     except httpx.HTTPError:
                         pass
-                if all(s.ready for s in self.servers):
+                self._check_actors_starting()
+                if all(s.ready for s in self.servers) and all(r.state == "ready" for r in self.ray_replicas):
                     for s in self.servers:
                         s.state = READY
                     self.start_supervision()
                     return time.monotonic() - t0
                 now = time.monotonic()
+                waiting = ", ".join(
+                    [s.label for s in self.servers if not s.ready]
+                    + [r.label for r in self.ray_replicas if r.state != "ready"]
+                )
                 if now - t0 > timeout_s:
-                    waiting = ", ".join(s.label for s in self.servers if not s.ready)
                     raise ServerCrashed(f"Servers not ready after {timeout_s:.0f} s: {waiting}.")
                 if now - last_progress > 15:
-                    ready = sum(s.ready for s in self.servers)
-                    waiting = ", ".join(s.label for s in self.servers if not s.ready)
-                    self.say(f"{ready} / {len(self.servers)} servers ready; waiting for {waiting}")
+                    ready = sum(s.ready for s in self.servers) + sum(r.state == "ready" for r in self.ray_replicas)
+                    self.say(f"{ready} / {self.n_servers} servers ready; waiting for {waiting}")
                     last_progress = now
                 time.sleep(HEALTH_POLL_INTERVAL_S)
+
+    def _check_actors_starting(self) -> None:
+        """While the stack starts, an actor whose server exited (or that Ray could not keep alive) is a crash:
+        its report carries the server's last output lines when the actor could send them."""
+        if not self.ray_replicas:
+            return
+        self._poll_actors()
+        for replica in self.ray_replicas:
+            if replica.state == "failed" or replica.restarts:
+                lines = "\n".join(f"    {line}" for line in replica.info.get("tail") or []) or "    (see its output above)"
+                why = replica.error or "its server process exited while the stack was starting"
+                raise ServerCrashed(
+                    f"Server '{replica.label}' (Ray actor, {replica.spec.server_type}/{replica.spec.impl}): {why}.\n"
+                    f"  Last lines of its output:\n{lines}\n  Fix the error above, then run ng_run again."
+                )
 
     def print_ready_table(self, seconds: float) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        n = len(self.servers)
+        n = self.n_servers
         self.say(f"All {n} / {n} servers ready! ({seconds:.2f} s)")
         table = Table(show_edge=False)
-        for col in ("server", "kind", "implementation", "URL", "PID"):
+        columns = ["server", "kind", "implementation", "URL", "PID"] + (["Ray node"] if self.ray_replicas else [])
+        for col in columns:
             table.add_column(col)
+        local = [""] if self.ray_replicas else []
         for s in self.servers:
-            table.add_row(s.label, s.spec.server_type, s.spec.impl, s.url, str(s.popen.pid if s.popen else ""))
+            table.add_row(s.label, s.spec.server_type, s.spec.impl, s.url, str(s.popen.pid if s.popen else ""), *local)
+        for r in self.ray_replicas:
+            node = str(r.info.get("node_id") or "")[:12]
+            table.add_row(r.label, r.spec.server_type, r.spec.impl, str(r.url), str(r.info.get("pid")), node)
         head = f"http://{self.cfg.head_server.host}:{self.cfg.head_server.port}"
-        table.add_row("head_server", "head", "-", head, str(os.getpid()))
-        console = Console(file=self.out, width=140)
+        table.add_row("head_server", "head", "-", head, str(os.getpid()), *local)
+        console = Console(file=self.out, width=200 if self.ray_replicas else 140)
         with self._print_lock:
             console.print(table)
             self.out.flush()
@@ -542,6 +648,11 @@ class RunHelper:
                     server.reader.join(timeout=2)
         for server in self.servers:
             self._close_socket(server)
+        if self.ray_replicas:
+            self.say(f"Stopping {len(self.ray_replicas)} Ray actor replica(s)...")
+            from nemo_gym.runtime.ray_actors import stop_all
+
+            stop_all(self.ray_replicas)
         if self.head is not None:
             self.head.stop()
         from nemo_gym.config.ports import release_all
@@ -550,6 +661,9 @@ class RunHelper:
         if self.ray_handle is not None:
             from nemo_gym.runtime.ray import shutdown_ray
 
+            from nemo_gym.runtime.ray import disconnect_driver
+
+            disconnect_driver(self.ray_handle)
             shutdown_ray(self.ray_handle)
             self.ray_handle = None
 
@@ -668,8 +782,8 @@ class RunHelper:
                     if server.popen is popen and server.state == READY:
                         server.health_failures = 0 if ok else server.health_failures + 1
 
-    def failed_servers(self) -> list[ServerProcess]:
-        return [s for s in self.servers if s.state == FAILED]
+    def failed_servers(self) -> list[Any]:
+        return [s for s in [*self.servers, *self.ray_replicas] if s.state == FAILED]
 
     def _supervise_loop(self) -> None:
         from nemo_gym.runtime.status import health_client
@@ -678,6 +792,8 @@ class RunHelper:
         monitor.start()
         with health_client(timeout=RESTART_HEALTH_TIMEOUT_S) as client:
             while not self._stop_supervision.wait(SUPERVISE_INTERVAL_S):
+                if self.ray_replicas:
+                    self._watch_actors()
                 now = time.monotonic()
                 for server in self.servers:
                     try:
@@ -686,6 +802,28 @@ class RunHelper:
                         server.state = FAILED
                         self._close_socket(server)
                         self.say(f"ERROR: could not restart server '{server.label}': {exc!r}; marked failed.")
+
+    def _watch_actors(self) -> None:
+        """Ray restarts actors; here their new addresses are picked up (for the head server) and changes said."""
+        before = {id(r): (r.state, r.info.get("pid")) for r in self.ray_replicas}
+        try:
+            self._poll_actors()
+        except Exception as exc:  # e.g. the connection to Ray is gone: say it, keep supervising the rest
+            self.say(f"WARNING: could not poll the Ray actors: {exc!r}")
+            return
+        for r in self.ray_replicas:
+            state, pid = before[id(r)]
+            if r.state == state and r.info.get("pid") == pid:
+                continue
+            if r.state == "ready" and state != "ready":
+                self.say(f"Server '{r.label}' (Ray actor) serves again on {r.url} (node {r.info.get('node_id')}, "
+                         f"pid {r.info.get('pid')}, {r.restarts} restart(s) so far).")
+            elif r.state == "restarting" and state == "ready":
+                self.say(f"WARNING: server '{r.label}' (Ray actor) went away; Ray restarts it (max_restarts="
+                         f"{r.max_restarts}).")
+            elif r.state == "failed":
+                self.say(f"ERROR: server '{r.label}' (Ray actor) is dead and Ray will not restart it "
+                         f"({r.error}); ng_status shows it.")
 
     def start_supervision(self) -> None:
         """Restart servers that exit or hang, from a thread, until `shutdown` (see the module docstring). Started
@@ -720,8 +858,8 @@ def run_stack(global_config: DictConfig, *, out=None) -> int:
         if global_config.get("dry_run"):
             from nemo_gym.runtime.venvs import prebuild_all
 
-            prebuild_all(helper.servers, global_config, cwd=helper.cwd, log=helper.say)
-            helper.say(f"Dry run: environments for {len(helper.servers)} server(s) are ready; nothing started.")
+            prebuild_all([*helper.servers, *helper.ray_replicas], global_config, cwd=helper.cwd, log=helper.say)
+            helper.say(f"Dry run: environments for {helper.n_servers} server(s) are ready; nothing started.")
             return 0
         helper.reserve_head_port()
         helper.start_ray()

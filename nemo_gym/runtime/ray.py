@@ -10,6 +10,10 @@
 - `ensure_ray()`: for code that decides at run time that it needs Ray: joins the configured address, or
   starts a local cluster (in that process) and records its address.
 
+A block with `ray_actor_options` counts as asking for Ray: `ng_run` then also becomes a driver of the cluster
+(`connect_driver`) and starts the block's replicas as actors (runtime/ray_actors.py). `LocalCluster` starts a
+multi-node cluster on this machine, on loopback, for tests and benchmarks.
+
 `ray` is imported inside functions only.
 """
 
@@ -27,13 +31,14 @@ from nemo_gym.config.values import config_get, is_mapping, truthy
 
 RAY_ADDRESS_KEY = "ray_head_node_address"
 RAY_FLAG_KEY = "ray"
+RAY_ACTOR_OPTIONS_KEY = "ray_actor_options"
 
 # Keys of the global config that are never server blocks (kept local so this module needs no other import).
 _NOT_SERVER_KEYS = frozenset(
     {
         "config_paths", "entrypoint", "default_host", "head_server", "disallowed_ports", "head_server_deps",
         "python_version", "pip_install_verbose", "use_absolute_ip", "uv_pip_set_python", "skip_venv_if_present",
-        "hf_token", RAY_ADDRESS_KEY, "port_range_low", "port_range_high", "dry_run", "uv_cache_dir", "uv_venv_dir",
+        "hf_token", RAY_ADDRESS_KEY, "ray_bind_host", "port_range_low", "port_range_high", "dry_run", "uv_cache_dir", "uv_venv_dir",
     }
 )
 
@@ -75,7 +80,16 @@ def _server_impl_configs(global_config: Any):
 
 
 def server_config_wants_ray(server_config: Any) -> bool:
-    return truthy(config_get(server_config, RAY_FLAG_KEY, False))
+    """`ray: true`, or `ray_actor_options` (the block runs as Ray actors: runtime/ray_actors.py)."""
+    return truthy(config_get(server_config, RAY_FLAG_KEY, False)) or wants_ray_actors(server_config)
+
+
+def wants_ray_actors(server_config: Any) -> bool:
+    return config_get(server_config, RAY_ACTOR_OPTIONS_KEY) is not None
+
+
+def any_ray_actors(global_config: Any) -> bool:
+    return any(wants_ray_actors(cfg) for _, cfg in _server_impl_configs(global_config))
 
 
 def server_wants_ray(global_config: Any) -> bool:
@@ -223,9 +237,26 @@ def start_or_join_ray_for_launch(global_config: Any) -> Optional[RayHandle]:
         if current is not None:  # already connected (e.g. embedded use): share that cluster
             _set_address(global_config, current)
             return RayHandle(address=current, started=False)
-        address = _start_local(global_config, log_to_driver=False)  # the parent runs no tasks
+        # The parent runs no tasks; with actors, their servers' output is forwarded to it.
+        address = _start_local(global_config, log_to_driver=any_ray_actors(global_config))
     _set_address(global_config, address)
     return RayHandle(address=address, started=True)
+
+
+def connect_driver(handle: RayHandle) -> None:
+    """`ng_run` with actor blocks: be a driver of the stack's cluster (it started it, or joins it now), so it can
+    create the actors, which then share its fate (they stop when `ng_run` stops)."""
+    with _lock:
+        if _current_address() is None:
+            _join(handle.address, log_to_driver=True)
+
+
+def disconnect_driver(handle: Optional[RayHandle]) -> None:
+    """Leave a cluster this process joined (one it started is stopped by `shutdown_ray`)."""
+    if handle is not None and not handle.started and ray_is_initialized():
+        import ray
+
+        ray.shutdown()
 
 
 def shutdown_ray(handle: Optional[RayHandle]) -> None:
@@ -296,3 +327,74 @@ def _connect(global_config_dict: Any, *, only_if_wanted: bool) -> Optional[str]:
 
 def started_ray_here() -> bool:
     return _started_here
+
+
+# ------------------------------------------------------------------------------ a multi-node cluster here
+
+# Every node of a cluster on one machine on loopback (Ray otherwise uses the machine's network address).
+LOOPBACK_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+
+_LOCAL_CLUSTER = """
+import json, sys
+from ray.cluster_utils import Cluster
+spec = json.loads(sys.argv[1])
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": spec["head_cpus"], "include_dashboard": False})
+try:
+    ids = [cluster.add_node(num_cpus=n["num_cpus"], resources=n.get("resources") or {}).node_id for n in spec["nodes"]]
+    print("CLUSTER " + json.dumps({"address": cluster.address, "head": cluster.head_node.node_id, "nodes": ids}),
+          flush=True)
+    sys.stdin.read()  # until the owner closes it
+finally:
+    cluster.shutdown()
+"""
+
+
+class LocalCluster:
+    """A multi-node Ray cluster on this machine (`ray.cluster_utils.Cluster`: a head and `nodes` worker raylets,
+    each `{"num_cpus": n, "resources": {...}}`), for tests and benchmarks. It runs in a child process, so the
+    caller does not import Ray, and all nodes are on loopback. `address`, `head_node_id`, `node_ids` (in the
+    order of `nodes`), `pid` (of the process whose children are the raylets); `close()` stops it."""
+
+    def __init__(self, nodes: list[dict], head_cpus: int = 1, timeout_s: float = 300.0):
+        import json
+        import subprocess
+
+        spec = json.dumps({"head_cpus": head_cpus, "nodes": nodes})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _LOCAL_CLUSTER, spec], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, env={**os.environ, **LOOPBACK_RAY_ENV},
+        )
+        self.pid = self.proc.pid
+        timer = threading.Timer(timeout_s, self.proc.kill)
+        timer.start()
+        try:
+            line = ""
+            for line in self.proc.stdout:  # type: ignore[union-attr]
+                if line.startswith("CLUSTER "):
+                    break
+        finally:
+            timer.cancel()
+        if not line.startswith("CLUSTER "):
+            self.close()
+            raise RuntimeError("the local Ray cluster did not start")
+        info = json.loads(line[len("CLUSTER "):])
+        self.address: str = info["address"]
+        self.head_node_id: str = info["head"]
+        self.node_ids: list[str] = info["nodes"]
+
+    def close(self) -> None:
+        import subprocess
+
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()

@@ -2,7 +2,10 @@
 
 Besides health it shows what `ng_run`'s supervision did: the server's state (ready, restarting, failed), how often
 it was restarted, the exit code of its last process, and the uptime of its current process. A block started with
-`num_replicas` > 1 has one row per replica, named `<server id>[<replica>]`, each with its own address and pid."""
+`num_replicas` > 1 has one row per replica, named `<server id>[<replica>]`, each with its own address and pid.
+When some servers run as Ray actors (docs/design.md, decision 24), two columns are added: the Ray node id of each
+actor replica, and the requests in flight a server reports in its `/health` answer (`in_flight`; `-` when it
+does not report one)."""
 
 from __future__ import annotations
 
@@ -53,10 +56,15 @@ def fetch_status(head_host: str, head_port: int) -> list[dict[str, Any]]:
             ) from None
         now = time.time()
         for inst in instances:
-            failed = inst.get("state") == "failed"
+            failed = inst.get("state") == "failed" or not inst.get("url")
+            inst["in_flight"] = None
             try:
-                inst["healthy"] = not failed and client.get(f"{inst['url']}/health", timeout=2.0).status_code == 200
-            except httpx.HTTPError:
+                answer = None if failed else client.get(f"{inst['url']}/health", timeout=2.0)
+                inst["healthy"] = answer is not None and answer.status_code == 200
+                if inst["healthy"]:
+                    body = answer.json()
+                    inst["in_flight"] = body.get("in_flight") if isinstance(body, dict) else None
+            except (httpx.HTTPError, ValueError):
                 inst["healthy"] = False
             inst["uptime"] = "-" if failed else format_uptime(now - float(inst.get("start_time") or now))
     return instances
@@ -76,11 +84,15 @@ def print_status(instances: list[dict[str, Any]], out: TextIO) -> None:
     from rich.table import Table
 
     table = Table(show_edge=False)
-    for col in ("", "server", "kind", "implementation", "URL", "PID", "state", "restarts", "last exit", "uptime"):
+    ray = any(inst.get("node_id") or inst.get("ray_actor") for inst in instances)
+    columns = ["", "server", "kind", "implementation", "URL", "PID", "state", "restarts", "last exit", "uptime"]
+    for col in columns + (["Ray node", "in flight"] if ray else []):
         table.add_column(col)
     for inst in instances:
         mark = "[green]✓[/green]" if inst["healthy"] else "[red]✗[/red]"
         last_exit = inst.get("last_exit_code")
+        in_flight = inst.get("in_flight")
+        extra = [str(inst.get("node_id") or "-"), "-" if in_flight is None else str(in_flight)] if ray else []
         table.add_row(
             mark,
             instance_label(inst),
@@ -92,8 +104,9 @@ def print_status(instances: list[dict[str, Any]], out: TextIO) -> None:
             str(inst.get("restarts", 0)),
             "-" if last_exit is None else str(last_exit),
             inst["uptime"],
+            *extra,
         )
-    console = Console(file=out, width=200)  # wide enough that no server name or URL is cut
+    console = Console(file=out, width=320 if ray else 200)  # wide enough that no server name or URL is cut
     console.print(table)
     healthy = sum(1 for i in instances if i["healthy"])
     console.print(f"{healthy} / {len(instances)} servers healthy")

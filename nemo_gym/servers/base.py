@@ -461,6 +461,9 @@ def raise_open_files_limit(target: int = DEFAULT_OPEN_FILES_SOFT_LIMIT) -> Optio
 # Servers
 
 
+# The uvicorn server of this process (single-worker serving), for `/health`'s `in_flight`.
+_SERVING: Optional[Any] = None
+
 class BaseServer(BaseModel):
     """A server is a pydantic model: its validated `config` (with `name` = server id) and a `ServerClient`
     for calling the other servers of the stack by server id."""
@@ -535,13 +538,17 @@ class SimpleServer(BaseServer):
     # -- the rest of the app -------------------------------------------------------------------------------
 
     def setup_health_route(self, app: FastAPI) -> None:
-        """`GET /health` -> 200 `{"status": "ok", "name": <server id>}` (ng_run's readiness check)."""
+        """`GET /health` -> 200 `{"status": "ok", "name": <server id>, "in_flight": N}` (ng_run's readiness check;
+        `in_flight`, the requests this process is answering besides this one, is what ng_status shows per
+        replica; it is left out where uvicorn's state is not reachable, e.g. with several workers)."""
         if any(getattr(route, "path", None) == "/health" for route in app.router.routes):
             return
         payload = {"status": "ok", "name": self.config.name}
 
         async def health() -> dict:
-            return payload
+            if _SERVING is None:
+                return payload
+            return {**payload, "in_flight": max(0, len(_SERVING.server_state.tasks) - 1)}
 
         app.add_api_route("/health", health, methods=["GET"], include_in_schema=False)
 
@@ -686,6 +693,8 @@ class SimpleServer(BaseServer):
                 _access_log_by_middleware()
             tune_gc_for_serving()
             server = uvicorn.Server(config)
+            global _SERVING
+            _SERVING = server
             with _exit_quietly_on_signals():
                 server.run(sockets=[sock] if sock is not None else None)
             return

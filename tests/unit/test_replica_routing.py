@@ -241,8 +241,6 @@ def test_ng_run_prepares_one_process_per_replica_on_its_own_reserved_port():
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("+replica_counter_resources_server.resources_servers.replica_counter.ray_actor_options={num_cpus:1}",
-         "ray_actor_options"),
         ("+replica_counter_resources_server.resources_servers.replica_counter.replica_ports=[1,2,3]",
          "list of 2 port numbers"),
     ],

@@ -570,7 +570,7 @@ def test_run_webserver_serves_on_the_passed_socket_and_exits_0_on_sigint(child):
     c = child()
     c.wait_ready()
     health = httpx.get(f"{c.url}/health").json()
-    assert health == {"status": "ok", "name": "my_child"}
+    assert health == {"status": "ok", "name": "my_child", "in_flight": 0}  # no other request is being answered
 
     first = httpx.post(f"{c.url}/hello", json={})
     assert first.status_code == 200
