@@ -10,14 +10,18 @@ a. the collector's preparation (no stack needed; one subprocess per measurement,
      (repair the tail, read the finished keys, count the cached rows, stream the pending rows and run the 1%
      left over an instant in-process agent; no reward profile);
    - `fresh-dup` / `resume-dup`: the same with an input where every line is one of 1,000 distinct lines.
-b. a real collection (`ng_run` of example_single_tool_call + openai_model + simple_agent over the fake LLM, then
+b. the reward profile (`ng_reward_profile`, also the last step of `ng_collect_rollouts`) of a rollouts file of 1k to
+   1M rollouts (4 per task, two agents, lines in a shuffled completion order, a 0/1 reward, a continuous score and
+   token counts), one subprocess per size (--profile-sizes);
+c. a real collection (`ng_run` of example_single_tool_call + openai_model + simple_agent over the fake LLM, then
    `ng_collect_rollouts` as its own process), sampling every process's RSS during the run (--stack-sizes; the
    stack does a few hundred rollouts per second on 2 cores).
 
 Then the ratio of the largest to the smallest size per column, and the seconds of the 1M-row preparation.
 
     python benchmarks/input_scale.py                          # prep 1k..1M, stack 1k, 10k, 100k
-    python benchmarks/input_scale.py --stack-sizes ''         # preparation only
+    python benchmarks/input_scale.py --stack-sizes ''         # preparation and reward profile only
+    python benchmarks/input_scale.py --sizes '' --stack-sizes ''   # reward profile only
     python benchmarks/input_scale.py --stack-sizes 1000,10000,100000,1000000   # 1M through the stack (~40 min)
 
 Input rows are the 5 rows of resources_servers/example_single_tool_call/data/example.jsonl, made distinct by a
@@ -54,6 +58,13 @@ def _rss_mb() -> float:
 
 
 def _peak_mb() -> float:
+    """This process's own peak RSS: VmHWM of its address space. (Not `ru_maxrss`, which Linux keeps across fork and
+    exec, so a child would report the parent's RSS at the fork when that is higher - the parent that has just
+    written a 1M-row file.)"""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
@@ -90,6 +101,40 @@ def write_resumable_output(materialized: Path, output: Path, keep_every: int = 1
                                     "_ng_rollout_index": row["_ng_rollout_index"]}) + b"\n")
 
 
+PROFILE_REPEATS = 4
+
+
+def write_profile_files(materialized: Path, rollouts: Path, n: int) -> None:
+    """A materialized-inputs file of n / 4 tasks x 4 rollouts (two agents) and a rollouts file of its n rows in a
+    shuffled completion order (windows of 1024 rows), each with a 0/1 reward, a continuous score and usage."""
+    import random
+
+    import orjson
+
+    rng = random.Random(n)
+    tasks = max(1, n // PROFILE_REPEATS)
+    with open(materialized, "wb") as f:
+        for t in range(tasks):
+            agent = "agent_a" if t % 3 else "agent_b"
+            for r in range(PROFILE_REPEATS):
+                f.write(orjson.dumps({"responses_create_params": {"input": f"What is {t} + {r}?"},
+                                      "agent_ref": {"type": "responses_api_agents", "name": agent},
+                                      "expected": t + r, "_ng_task_index": t, "_ng_rollout_index": r}) + b"\n")
+    keys = [(t, r) for t in range(tasks) for r in range(PROFILE_REPEATS)]
+    with open(rollouts, "wb") as f:
+        for lo in range(0, len(keys), 1024):
+            window = keys[lo:lo + 1024]
+            rng.shuffle(window)
+            for t, r in window:
+                out = rng.randint(5, 400)
+                f.write(orjson.dumps({
+                    "response": {"id": f"resp_{t}_{r}", "output": [{"type": "message", "content": "..."}],
+                                 "usage": {"input_tokens": 50 + t % 7, "output_tokens": out,
+                                           "total_tokens": 50 + t % 7 + out}},
+                    "reward": float(rng.random() < 0.6), "score": rng.random(), "correct": rng.random() < 0.5,
+                    "_ng_task_index": t, "_ng_rollout_index": r}) + b"\n")
+
+
 # ------------------------------------------------------------------------------------------------ children
 
 
@@ -114,6 +159,13 @@ def child(kind: str, input_path: Path, out_path: Path) -> None:
 
     baseline = _rss_mb()
     t0 = time.perf_counter()
+    if kind == "profile":  # input_path: the materialized inputs, out_path: the rollouts
+        from nemo_gym.rollouts.reward_profile import profile_rollouts
+
+        summary = profile_rollouts(input_path, out_path)
+        assert summary.num_rollouts == summary.num_tasks * PROFILE_REPEATS, summary
+        print(json.dumps({"baseline_mb": baseline, "peak_mb": _peak_mb(), "seconds": time.perf_counter() - t0}))
+        return
     paths = c.CollectionPaths(out_path)
     rows = 0
     if kind == "fresh":
@@ -166,6 +218,20 @@ def prep_measurements(sizes: list[int], tmp: Path) -> dict:
     return results
 
 
+def profile_measurements(sizes: list[int], tmp: Path) -> dict:
+    results: dict[int, dict] = {}
+    for n in sizes:
+        folder = tmp / f"profile{n}"
+        folder.mkdir()
+        materialized, rollouts = folder / "r_materialized_inputs.jsonl", folder / "r.jsonl"
+        write_profile_files(materialized, rollouts, n)
+        results[n] = run_child("profile", materialized, rollouts)
+        for p in folder.iterdir():
+            p.unlink()
+        print(f"  profile {n:>9} rollouts: done", file=sys.stderr, flush=True)
+    return results
+
+
 # ------------------------------------------------------------------------------------------------ the stack
 
 
@@ -205,7 +271,7 @@ def stack_measurement(n: int, tmp: Path, in_flight: int) -> dict:
             def sample() -> None:
                 while not stop.is_set():
                     # The collector until its reward profile starts (validation, materialization, rollouts), then
-                    # the profile (reward_profile.py keeps per-rollout float columns: it grows by design).
+                    # the profile (bounded too: it spills to a temporary SQLite file past 16k rollouts).
                     phase = "collector profile" if profiling.exists() else "collector"
                     for name, p in [(phase, cproc), *procs.items()]:
                         try:
@@ -263,10 +329,25 @@ def print_prep(results: dict) -> None:
         print("1M-row preparation seconds: " + ", ".join(f"{k} {results[k][1_000_000]['seconds']:.1f}" for k in kinds))
 
 
+def print_profile(results: dict) -> None:
+    sizes = sorted(results)
+    print("\n(b) reward profile (ng_reward_profile), one process per size: peak RSS MB (+growth over the process's "
+          "RSS after imports), seconds")
+    for n in sizes:
+        r = results[n]
+        print(f"{_fmt_size(n):>6} rollouts {r['peak_mb']:7.1f} (+{r['peak_mb'] - r['baseline_mb']:6.1f}) "
+              f"{r['seconds']:7.2f}s")
+    lo, hi = sizes[0], sizes[-1]
+    if hi != lo:
+        print(f"peak ratio {_fmt_size(hi)}/{_fmt_size(lo)}: {results[hi]['peak_mb'] / results[lo]['peak_mb']:.2f}x; "
+              f"growth per rollout: "
+              f"{(results[hi]['peak_mb'] - results[lo]['peak_mb']) * MB / (hi - lo):.1f} bytes")
+
+
 def print_stack(results: dict) -> None:
     sizes = sorted(results)
     names = list(dict.fromkeys(k for n in sizes for k in results[n]["peak"]))
-    print("\n(b) real collection (ng_collect_rollouts + ng_run stack over the fake LLM): peak RSS MB "
+    print("\n(c) real collection (ng_collect_rollouts + ng_run stack over the fake LLM): peak RSS MB "
           "(+growth over the RSS before the collection; the collector's over its first sample)")
     print(f"{'rows':>6} {'rollouts/s':>10} " + " ".join(f"{n[:20]:>20}" for n in names))
     for n in sizes:
@@ -284,6 +365,7 @@ def print_stack(results: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000,100000,1000000", help="input rows for the preparation")
+    parser.add_argument("--profile-sizes", default="1000,100000,1000000", help="rollouts for the reward profile")
     parser.add_argument("--stack-sizes", default="1000,10000,100000", help="input rows through a real stack")
     parser.add_argument("--in-flight", type=int, default=256, help="num_samples_in_parallel of the collection")
     parser.add_argument("--tmp", default=None, help="folder for the generated files (default: a temp dir)")
@@ -299,6 +381,9 @@ def main() -> None:
         prep = prep_measurements(sizes, Path(tmp)) if sizes else {}
         if prep:
             print_prep(prep)
+        profile_sizes = [int(x) for x in args.profile_sizes.split(",") if x]
+        if profile_sizes:
+            print_profile(profile_measurements(profile_sizes, Path(tmp)))
         stack = {}
         for n in stack_sizes:
             stack[n] = stack_measurement(n, Path(tmp), args.in_flight)

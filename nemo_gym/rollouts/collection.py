@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Optional, Union
 
 import orjson
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from nemo_gym.rollouts.jsonl import iter_jsonl_objects
 from nemo_gym.rollouts.row_keys import FinishedRollouts, RolloutKeySpace, TaskIndexMap
@@ -143,6 +143,20 @@ class RolloutCollectionConfig(BaseNeMoGymCLIConfig):
         default=1.0, description="Reward at or above which a rollout counts as passed (for pass@k in the profile)."
     )
     progress_bar: bool = Field(default=True, description="Show a live progress bar on stderr.")
+    shard: Optional[str] = Field(
+        default=None,
+        description=(
+            "Run only shard i of n (`+shard=i/n`, i from 1): the tasks whose index mod n is i-1, with the indices of "
+            "the whole run; merge the shards' outputs with `ng merge` (docs/merging-shards.md)."
+        ),
+    )
+
+    @field_validator("shard", mode="before")
+    @classmethod
+    def _check_shard(cls, value: Any) -> Optional[str]:
+        from nemo_gym.rollouts.merge import parse_shard
+
+        return None if value is None else str(parse_shard(value))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -568,9 +582,10 @@ def read_finished_keys(path: Path, into: Any = None) -> tuple[Any, int]:
 
 
 def iter_pending_rows(
-    materialized_path: Path, finished: Optional[Union[set[int], FinishedRollouts]] = None
+    materialized_path: Path, finished: Optional[Union[set[int], FinishedRollouts]] = None, shard: Any = None
 ) -> Iterator[dict]:
-    """Stream the rows of a materialized-inputs file whose (task, rollout) (packed key) is not in `finished`."""
+    """Stream the rows of a materialized-inputs file whose (task, rollout) (packed key) is not in `finished` (and,
+    with a `merge.Shard`, whose task is in that shard)."""
     with open(materialized_path, "rb") as f:
         for line in f:
             line = line.strip()
@@ -578,6 +593,8 @@ def iter_pending_rows(
                 continue
             row = orjson.loads(line)
             if finished and _key(row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]) in finished:
+                continue
+            if shard is not None and row[TASK_INDEX_KEY_NAME] not in shard:
                 continue
             yield row
 
@@ -943,17 +960,23 @@ async def _collect(
             retry_backoff_s=config.retry_backoff_s,
             retry_backoff_max_s=config.retry_backoff_max_s,
         ):
-            if result.ok:
-                out.write(orjson.dumps(result.result, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-                out.flush()
-                outcome.succeeded += 1
-            else:
-                fails.write(orjson.dumps(result.failure_record()) + b"\n")
-                fails.flush()
-                outcome.failed += 1
-                kind = result.error_type or "?"
-                outcome.failure_types[kind] = outcome.failure_types.get(kind, 0) + 1
+            record_result(result, out, fails, outcome)
             display.update(result)
+
+
+def record_result(result: RolloutResult, out: Any, fails: Any, tally: Any) -> None:
+    """Append a finished row to the output, or its failure record to the failures file (flushed at once, so
+    nothing collected is lost on a crash), and count it in `tally` (`succeeded`, `failed`, `failure_types`)."""
+    if result.ok:
+        out.write(orjson.dumps(result.result, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        out.flush()
+        tally.succeeded += 1
+    else:
+        fails.write(orjson.dumps(result.failure_record()) + b"\n")
+        fails.flush()
+        tally.failed += 1
+        kind = result.error_type or "?"
+        tally.failure_types[kind] = tally.failure_types.get(kind, 0) + 1
 
 
 def _err(text: str) -> None:
@@ -1058,23 +1081,30 @@ def run_from_config(
     paths.failures.unlink(missing_ok=True)
     paths.output.touch()
 
-    outcome = CollectionOutcome(total=stats.num_rows, paths=paths)
+    from nemo_gym.rollouts.merge import parse_shard
+
+    shard = parse_shard(config.shard)
+    total = stats.num_rows
+    if shard is not None:
+        total = sum(1 for task, _ in iter_materialized_pairs(paths.materialized_inputs) if task in shard)
+        _err(f"Shard {shard}: {total} of the {stats.num_rows} rollouts (tasks whose index mod {shard.count} is {shard.index - 1}).")
+    outcome = CollectionOutcome(total=total, paths=paths)
     cached = 0
     if finished:
         # Count only finished keys that belong to these inputs (a streaming pass, nothing kept).
         for row in iter_materialized_keys(paths.materialized_inputs):
-            if row in finished:
+            if row in finished and (shard is None or (row >> 32) in shard):
                 cached += 1
     outcome.cached = cached
 
-    display = _ProgressDisplay(stats.num_rows, cached, enabled=config.progress_bar)
+    display = _ProgressDisplay(total, cached, enabled=config.progress_bar)
     interrupted = False
     try:
         asyncio.run(
             _collect(
                 config,
                 server_client,
-                iter_pending_rows(paths.materialized_inputs, finished),
+                iter_pending_rows(paths.materialized_inputs, finished, shard),
                 paths,
                 display,
                 outcome,
@@ -1098,16 +1128,9 @@ def run_from_config(
         return 130
 
     if profile:
-        from nemo_gym.rollouts.reward_profile import print_profile_table, profile_rollouts
+        from nemo_gym.rollouts.reward_profile import profile_collection
 
-        summary = profile_rollouts(
-            paths.materialized_inputs,
-            paths.output,
-            pass_threshold=config.pass_threshold,
-            reward_profiling_path=paths.reward_profiling,
-            agent_metrics_path=paths.agent_metrics,
-        )
-        print_profile_table(summary)
+        profile_collection(paths, pass_threshold=config.pass_threshold)
 
     _print_outcome(outcome)
     return 1 if outcome.failed else 0

@@ -24,26 +24,36 @@ pass@k and mean@k (ours; only when some task has 2 or more rollouts, for k = 1 .
   k <= n (reported beside pass@k so tools can read both the same way);
 - per agent, both are the mean over its tasks that have at least k rewarded rollouts.
 
-Memory: rollouts are read as a stream and only their numeric fields are kept, in columns of 8-byte floats; input
-rows are streamed from the materialized-inputs file and each task's line is written as soon as it is reached.
+Memory is flat from 1k to 1M+ rollouts. Rollouts are read as a stream and only their numeric fields are kept (an
+array of 8-byte floats per rollout), grouped by task: in a dict for up to `DEFAULT_SPILL_AFTER` (16k) rollouts, then
+in a private temporary SQLite table clustered by task (a 2 MB page cache; deleted at the end), the way
+`row_keys.TaskIndexMap` spills. Input rows are streamed from the materialized-inputs file and each task's line is
+written when its first row is reached (a read of the table in task order alongside). Per-agent statistics come
+from per-agent counts of each distinct value (dicts, flushed to SQLite past 16k distinct values): the median is
+read off the sorted counts and the mean and std stream through `statistics.fmean` / `statistics.stdev`, so every
+number is the one a list of all values would give. (One difference: a -0.0 and a 0.0 of one agent's field count
+as one value, so the sign of a zero agent-level min/max/median may differ from the first rollout's.)
 """
 
 from __future__ import annotations
 
 import math
+import sqlite3
 import statistics
 import sys
 from array import array
-from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
+from itertools import chain, groupby, repeat
+from operator import itemgetter
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import orjson
 from pydantic import Field
 
-from nemo_gym.rollouts.jsonl import iter_jsonl_objects
 from nemo_gym.config.types import BaseNeMoGymCLIConfig
+from nemo_gym.rollouts.jsonl import iter_jsonl_objects
+from nemo_gym.rollouts.row_keys import scratch_db
 
 __all__ = [
     "RewardProfileConfig",
@@ -51,9 +61,11 @@ __all__ = [
     "STATS",
     "rollout_numeric_fields",
     "summary_stats",
+    "counted_stats",
     "pass_at_k",
     "compute_profile",
     "profile_rollouts",
+    "profile_collection",
     "print_profile_table",
 ]
 
@@ -63,6 +75,11 @@ INDEX_KEYS = (TASK_INDEX_KEY_NAME, ROLLOUT_INDEX_KEY_NAME)
 STATS = ("mean", "max", "min", "median", "std")
 REWARD_KEY = "reward"
 _NAN = float("nan")
+# Rollouts kept in memory before the per-task store moves to a temporary SQLite file (about 2 MB of arrays); the
+# per-agent value counts flush to SQLite past as many distinct values.
+DEFAULT_SPILL_AFTER = 1 << 14
+# SQLite page cache of a spilled store, in KiB.
+_SQLITE_CACHE_KIB = 2048
 
 
 class RewardProfileConfig(BaseNeMoGymCLIConfig):
@@ -130,41 +147,219 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 # --------------------------------------------------------------------------------------------------------
-# Columnar store of the rollouts' numeric fields
+# Bounded stores: the rollouts grouped by task, and per-agent value counts
 
 
-class _Columns:
-    """Numeric fields of every rollout as columns of 8-byte floats (NaN = absent), plus the task index."""
 
-    def __init__(self) -> None:
-        self.tasks = array("q")
-        self.cols: dict[str, array] = {}
+class _TaskRollouts:
+    """The numeric fields of every rollout, grouped by task. `fields` names them in order of first appearance; a
+    rollout is an `array("d")` over them (NaN = absent, shorter when the later fields are absent). A dict of task ->
+    rollouts for up to `spill_after` rollouts, then a temporary SQLite table clustered by (task, file order)."""
 
-    def __len__(self) -> int:
-        return len(self.tasks)
+    _FLUSH_EVERY = 4096
+
+    def __init__(self, spill_after: int) -> None:
+        self.spill_after = max(0, int(spill_after))
+        self.fields: list[str] = []
+        self.field_ids: dict[str, int] = {}
+        self.count = 0
+        self.max_task = -1
+        self._mem: Optional[dict[int, list[array]]] = {}
+        self._db: Optional[sqlite3.Connection] = None
+        self._pending: list[tuple[int, int, bytes]] = []
+        self._scan: Optional[Iterator[tuple[int, list[array]]]] = None
+        self._ahead: Optional[tuple[int, list[array]]] = None
+
+    @property
+    def spilled(self) -> bool:
+        return self._db is not None
 
     def add(self, task: int, values: Mapping[str, float]) -> None:
-        n = len(self.tasks)
-        self.tasks.append(task)
-        cols = self.cols
+        ids = self.field_ids
+        for name in values:
+            if name not in ids:
+                ids[name] = len(self.fields)
+                self.fields.append(name)
+        row = array("d", [_NAN]) * len(self.fields)
         for name, value in values.items():
-            col = cols.get(name)
-            if col is None:
-                col = cols[name] = array("d", [_NAN]) * n
-            col.append(value)
-        if len(values) < len(cols):
-            for col in cols.values():
-                if len(col) == n:
-                    col.append(_NAN)
+            row[ids[name]] = value
+        self.count += 1
+        if task > self.max_task:
+            self.max_task = task
+        if self._mem is not None:
+            group = self._mem.get(task)
+            if group is None:
+                self._mem[task] = [row]
+            else:
+                group.append(row)
+            if self.count > self.spill_after:
+                self._spill()
+            return
+        self._pending.append((task, self.count, row.tobytes()))
+        if len(self._pending) >= self._FLUSH_EVERY:
+            self._flush()
+
+    def _spill(self) -> None:
+        db = scratch_db(_SQLITE_CACHE_KIB)
+        db.execute("CREATE TABLE r(t INTEGER NOT NULL, s INTEGER NOT NULL, v BLOB NOT NULL, PRIMARY KEY(t, s)) WITHOUT ROWID")
+        assert self._mem is not None
+        seq = iter(range(self.count))  # file order within a task is the list order
+        db.executemany(
+            "INSERT INTO r(t, s, v) VALUES (?, ?, ?)",
+            ((t, next(seq), row.tobytes()) for t, rows in self._mem.items() for row in rows),
+        )
+        self._db = db
+        self._mem = None
+
+    def _flush(self) -> None:
+        if self._pending:
+            assert self._db is not None
+            self._db.executemany("INSERT INTO r(t, s, v) VALUES (?, ?, ?)", self._pending)
+            self._pending = []
+
+    def groups(self) -> Iterator[tuple[int, list[array]]]:
+        """(task, its rollouts in file order), in task order."""
+        if self._mem is not None:
+            for task in sorted(self._mem):
+                yield task, self._mem[task]
+            return
+        self._flush()
+        assert self._db is not None
+        rows = self._db.execute("SELECT t, v FROM r ORDER BY t, s")
+        for task, group in groupby(rows, key=itemgetter(0)):
+            yield task, [_row_from_bytes(v) for _, v in group]
+
+    def lookup(self, task: int) -> list[array]:
+        """The rollouts of `task` (file order); cheapest when called in increasing task order."""
+        if self._mem is not None:
+            return self._mem.get(task, [])
+        if self._scan is None:  # a read in task order alongside the callers, who mostly ask in that order
+            self._scan = self.groups()
+            self._ahead = next(self._scan, None)
+        while self._ahead is not None and self._ahead[0] < task:
+            self._ahead = next(self._scan, None)
+        if self._ahead is not None and self._ahead[0] == task:
+            return self._ahead[1]
+        assert self._db is not None
+        return [_row_from_bytes(v) for (v,) in self._db.execute("SELECT v FROM r WHERE t = ? ORDER BY s", (task,))]
+
+    def close(self) -> None:
+        self._scan = self._ahead = None
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        self._mem = {}
+        self._pending = []
 
 
-def _group_values(col: array, idx: Iterable[int]) -> list[float]:
-    out = []
-    for i in idx:
-        v = col[i]
-        if v == v:  # not NaN
-            out.append(v)
+def _row_from_bytes(data: bytes) -> array:
+    row = array("d")
+    row.frombytes(data)
+    return row
+
+
+def _field_values(rows: list[array], fields: list[str]) -> dict[str, list[float]]:
+    """Per field (in `fields` order), its values in these rollouts; fields without any value are left out."""
+    out: dict[str, list[float]] = {}
+    for i, name in enumerate(fields):
+        vals = [row[i] for row in rows if i < len(row) and row[i] == row[i]]  # not NaN
+        if vals:
+            out[name] = vals
     return out
+
+
+class _ValueCounts:
+    """How often each value occurs, per key (here (agent, field)): exact per-agent statistics, the median included,
+    without a list of every rollout's value. Dicts while they hold at most `spill_after` distinct entries in all,
+    then the counts are added to a temporary SQLite table and the dicts start again (rewards, flags and token counts
+    take few distinct values, so most runs never touch the disk)."""
+
+    def __init__(self, spill_after: int) -> None:
+        self.spill_after = max(0, int(spill_after))
+        self._mem: dict[tuple[int, int], dict[float, int]] = {}
+        self._entries = 0
+        self._db: Optional[sqlite3.Connection] = None
+
+    @property
+    def spilled(self) -> bool:
+        return self._db is not None
+
+    def add(self, key: tuple[int, int], values: Iterable[float]) -> None:
+        counts = self._mem.get(key)
+        if counts is None:
+            counts = self._mem[key] = {}
+        before = len(counts)
+        for v in values:
+            counts[v] = counts.get(v, 0) + 1
+        self._entries += len(counts) - before
+        if self._entries > self.spill_after:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._db is None:
+            self._db = scratch_db(_SQLITE_CACHE_KIB)
+            self._db.execute(
+                "CREATE TABLE c(a INTEGER NOT NULL, f INTEGER NOT NULL, v REAL NOT NULL, n INTEGER NOT NULL, "
+                "PRIMARY KEY(a, f, v)) WITHOUT ROWID"
+            )
+        self._db.executemany(
+            "INSERT INTO c(a, f, v, n) VALUES (?, ?, ?, ?) ON CONFLICT(a, f, v) DO UPDATE SET n = n + excluded.n",
+            ((a, f, v, n) for (a, f), counts in self._mem.items() for v, n in counts.items()),
+        )
+        self._mem = {}
+        self._entries = 0
+
+    def sorted_counts(self, key: tuple[int, int]) -> Callable[[], Iterable[tuple[float, int]]]:
+        """A function returning (value, count) pairs in increasing value order (it can be called several times)."""
+        if self._db is None:
+            items = sorted(self._mem.get(key, {}).items())
+            return lambda: items
+        if self._mem:
+            self._flush()
+        db = self._db
+        return lambda: ((float(v), n) for v, n in db.execute("SELECT v, n FROM c WHERE a = ? AND f = ? ORDER BY v", key))
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        self._mem = {}
+
+
+def counted_stats(sorted_counts: Callable[[], Iterable[tuple[float, int]]]) -> dict[str, float]:
+    """`summary_stats` of a multiset given as (value, count) pairs in increasing value order (non-NaN values): the
+    same numbers as `summary_stats` of the expanded list (the mean and std stream through `statistics` exactly as
+    for a list), in memory that does not grow with the counts."""
+    n = 0
+    lowest = highest = _NAN
+    for value, count in sorted_counts():
+        if n == 0:
+            lowest = value
+        highest = value
+        n += count
+    if n == 0:
+        return {name: _NAN for name in STATS}
+    half = n // 2
+    seen = 0
+    prev = below = middle = _NAN
+    for value, count in sorted_counts():
+        if seen + count > half:
+            middle = value
+            below = value if half - 1 >= seen else prev
+            break
+        seen += count
+        prev = value
+
+    def expanded() -> Iterator[float]:
+        return chain.from_iterable(repeat(v, c) for v, c in sorted_counts())
+
+    return {
+        "mean": statistics.fmean(expanded()),
+        "max": highest,
+        "min": lowest,
+        "median": middle if n % 2 else (below + middle) / 2,
+        "std": statistics.stdev(expanded()) if n >= 2 else _NAN,
+    }
 
 
 def _stat_keys(stats_by_field: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
@@ -190,7 +385,8 @@ def _drop_undefined(metrics: dict[str, Any], std_zero_fields: set[str]) -> dict[
 
 @dataclass
 class _AgentAccumulator:
-    values: dict[str, array] = field(default_factory=dict)
+    index: int
+    counts: dict[str, int] = field(default_factory=dict)  # field -> number of values, in order of appearance
     num_tasks: int = 0
     num_rollouts: int = 0
     pass_sums: dict[int, list[float]] = field(default_factory=dict)  # k -> [sum of pass@k, sum of mean@k, n]
@@ -200,14 +396,14 @@ class _AgentAccumulator:
         field_values: Mapping[str, list[float]],
         num_rollouts: int,
         pass_mean: Mapping[int, tuple[float, float]],
+        values: _ValueCounts,
+        field_ids: Mapping[str, int],
     ) -> None:
         self.num_tasks += 1
         self.num_rollouts += num_rollouts
         for name, vals in field_values.items():
-            col = self.values.get(name)
-            if col is None:
-                col = self.values[name] = array("d")
-            col.extend(vals)
+            self.counts[name] = self.counts.get(name, 0) + len(vals)
+            values.add((self.index, field_ids[name]), vals)
         for k, (p, m) in pass_mean.items():
             acc = self.pass_sums.setdefault(k, [0.0, 0.0, 0])
             acc[0] += p
@@ -236,62 +432,72 @@ def _profile_core(
     pass_threshold: float,
     write_task_line: Callable[[dict], None],
     summary: ProfileSummary,
+    spill_after: int = DEFAULT_SPILL_AFTER,
 ) -> None:
-    # 1. Rollouts -> numeric columns.
-    columns = _Columns()
+    store = _TaskRollouts(spill_after)
+    values = _ValueCounts(spill_after)
+    try:
+        _profile_stores(materialized_rows, rollouts, pass_threshold, write_task_line, summary, store, values)
+    finally:
+        store.close()
+        values.close()
+
+
+def _profile_stores(
+    materialized_rows: Iterable[Mapping[str, Any]],
+    rollouts: Iterable[Mapping[str, Any]],
+    pass_threshold: float,
+    write_task_line: Callable[[dict], None],
+    summary: ProfileSummary,
+    store: _TaskRollouts,
+    values: _ValueCounts,
+) -> None:
+    # 1. Rollouts -> their numeric fields, grouped by task.
     for rollout in rollouts:
         task = rollout.get(TASK_INDEX_KEY_NAME)
         if not isinstance(task, int) or isinstance(task, bool):
             summary.unreadable_lines += 1
             continue
-        columns.add(task, rollout_numeric_fields(rollout))
-    n = len(columns)
+        store.add(task, rollout_numeric_fields(rollout))
+    n = store.count
     summary.num_rollouts = n
     if n == 0:
         return
+    fields = store.fields
 
-    # 2. Group by task: a permutation sorted by task index, searched with bisect.
-    tasks = columns.tasks
-    order = array("q", sorted(range(n), key=tasks.__getitem__))
-    sorted_tasks = array("q", (tasks[i] for i in order))
-    reward_col = columns.cols.get(REWARD_KEY)
-
-    # 3. File-wide facts needed before the first line: the most rewarded rollouts of a task (pass@k range) and
-    #    the fields whose std is defined somewhere (the std rule).
+    # 2. File-wide facts needed before the first line, in one pass over the tasks: the most rewarded rollouts of a
+    #    task (pass@k range) and the fields whose std is defined somewhere (the std rule).
+    reward_id = store.field_ids.get(REWARD_KEY)
     max_k = 0
     std_defined: set[str] = set()
-    lo = 0
-    while lo < n:
-        hi = bisect_right(sorted_tasks, sorted_tasks[lo], lo)
-        idx = order[lo:hi]
-        if reward_col is not None:
-            max_k = max(max_k, len(_group_values(reward_col, idx)))
-        for name, col in columns.cols.items():
-            if name not in std_defined and len(_group_values(col, idx)) >= 2:
-                std_defined.add(name)
-        lo = hi
+    for _, rows in store.groups():
+        counts = [0] * len(fields)
+        for row in rows:
+            for i, v in enumerate(row):
+                if v == v:  # not NaN
+                    counts[i] += 1
+        if reward_id is not None:
+            max_k = max(max_k, counts[reward_id])
+        std_defined.update(fields[i] for i, c in enumerate(counts) if c >= 2)
     summary.max_rollouts_per_task = max_k
-    task_std_zero = set(columns.cols) - std_defined
+    task_std_zero = set(fields) - std_defined
     ks = range(1, max_k + 1) if max_k >= 2 else range(0)
 
-    # 4. Stream the inputs; each task's line is written at its first row.
-    emitted = bytearray(sorted_tasks[-1] + 1)
+    # 3. Stream the inputs; each task's line is written at its first row.
+    emitted = _TaskSet(store.max_task + 1)
     agents: dict[Optional[str], _AgentAccumulator] = {}
     matched = 0
     for row in materialized_rows:
         task = row.get(TASK_INDEX_KEY_NAME)
-        if not isinstance(task, int) or task < 0 or task >= len(emitted) or emitted[task]:
+        if not isinstance(task, int) or task < 0 or task > store.max_task or task in emitted:
             continue
-        emitted[task] = 1
-        lo = bisect_left(sorted_tasks, task)
-        hi = bisect_right(sorted_tasks, task, lo)
-        if lo == hi:
+        emitted.add(task)
+        rows = store.lookup(task)
+        if not rows:
             continue
-        idx = order[lo:hi]
-        matched += hi - lo
-        field_values = {name: _group_values(col, idx) for name, col in columns.cols.items()}
-        field_values = {name: vals for name, vals in field_values.items() if vals}
-        metrics: dict[str, Any] = {TASK_INDEX_KEY_NAME: task, "num_rollouts": hi - lo}
+        matched += len(rows)
+        field_values = _field_values(rows, fields)
+        metrics: dict[str, Any] = {TASK_INDEX_KEY_NAME: task, "num_rollouts": len(rows)}
         metrics.update(_stat_keys({name: summary_stats(vals) for name, vals in field_values.items()}))
         pass_mean: dict[int, tuple[float, float]] = {}
         rewards = field_values.get(REWARD_KEY, [])
@@ -313,15 +519,15 @@ def _profile_core(
         agent = ref.get("name") if isinstance(ref, Mapping) else None
         acc = agents.get(agent)
         if acc is None:
-            acc = agents[agent] = _AgentAccumulator()
-        acc.add(field_values, hi - lo, pass_mean)
+            acc = agents[agent] = _AgentAccumulator(len(agents))
+        acc.add(field_values, len(rows), pass_mean, values, store.field_ids)
     summary.unmatched_rollouts = n - matched
 
-    # 5. Per-agent metrics (the std rule again, across agents).
+    # 4. Per-agent metrics (the std rule again, across agents).
     raw: list[dict[str, Any]] = []
     agent_std_defined: set[str] = set()
     for agent, acc in agents.items():
-        stats = {name: summary_stats(vals) for name, vals in acc.values.items()}
+        stats = {name: counted_stats(values.sorted_counts((acc.index, store.field_ids[name]))) for name in acc.counts}
         agent_std_defined.update(name for name, s in stats.items() if not math.isnan(s["std"]))
         metrics = {"agent_ref": {"name": agent}, "num_tasks": acc.num_tasks, "num_rollouts": acc.num_rollouts}
         metrics.update(_stat_keys(stats))
@@ -330,9 +536,30 @@ def _profile_core(
         for k in sorted(acc.pass_sums):
             metrics[f"mean@{k}"] = acc.pass_sums[k][1] / acc.pass_sums[k][2]
         raw.append(metrics)
-    all_fields = set().union(*(acc.values.keys() for acc in agents.values())) if agents else set()
+    all_fields = set().union(*(acc.counts.keys() for acc in agents.values())) if agents else set()
     agent_std_zero = all_fields - agent_std_defined
     summary.agent_metrics = [_drop_undefined(m, agent_std_zero) for m in raw]
+
+
+class _TaskSet:
+    """The task indices 0..size-1 already written: one bit each (a set for absurd index ranges)."""
+
+    _MAX_BITS = 1 << 27  # 16 MB
+
+    def __init__(self, size: int) -> None:
+        self._bits = bytearray((max(0, size) + 7) // 8) if size <= self._MAX_BITS else None
+        self._set: set[int] = set()
+
+    def __contains__(self, task: int) -> bool:
+        if self._bits is None:
+            return task in self._set
+        return bool(self._bits[task >> 3] & (1 << (task & 7)))
+
+    def add(self, task: int) -> None:
+        if self._bits is None:
+            self._set.add(task)
+        else:
+            self._bits[task >> 3] |= 1 << (task & 7)
 
 
 def compute_profile(
@@ -340,12 +567,19 @@ def compute_profile(
     rollouts: Iterable[Mapping[str, Any]],
     *,
     pass_threshold: float = 1.0,
+    spill_after: int = DEFAULT_SPILL_AFTER,
 ) -> tuple[list[dict], list[dict]]:
-    """In memory: (per-task lines, per-agent metrics) for materialized input rows and rollout rows."""
+    """(per-task lines, per-agent metrics) for materialized input rows and rollout rows, as lists. `spill_after`:
+    rollouts kept in memory before they move to a temporary SQLite file (see the module's Memory note)."""
     lines: list[dict] = []
     summary = ProfileSummary()
     _profile_core(
-        materialized_rows, rollouts, pass_threshold=pass_threshold, write_task_line=lines.append, summary=summary
+        materialized_rows,
+        rollouts,
+        pass_threshold=pass_threshold,
+        write_task_line=lines.append,
+        summary=summary,
+        spill_after=spill_after,
     )
     return lines, summary.agent_metrics
 
@@ -361,6 +595,7 @@ def profile_rollouts(
     pass_threshold: float = 1.0,
     reward_profiling_path: Optional[Path] = None,
     agent_metrics_path: Optional[Path] = None,
+    spill_after: int = DEFAULT_SPILL_AFTER,
 ) -> ProfileSummary:
     """Profile files: write `<rollouts stem>_reward_profiling.jsonl` and `<rollouts stem>_agent_metrics.json`."""
     materialized_inputs_path = Path(materialized_inputs_path)
@@ -389,6 +624,7 @@ def profile_rollouts(
             pass_threshold=pass_threshold,
             write_task_line=write,
             summary=summary,
+            spill_after=spill_after,
         )
     agent_metrics_path.write_bytes(orjson.dumps(summary.agent_metrics, option=orjson.OPT_INDENT_2) + b"\n")
     if summary.unreadable_lines:
@@ -401,6 +637,21 @@ def profile_rollouts(
             f"Warning: {summary.unmatched_rollouts} rollout(s) have no input row in {materialized_inputs_path}; "
             f"they are not in the profile.\n"
         )
+    return summary
+
+
+def profile_collection(paths: Any, *, pass_threshold: float = 1.0) -> ProfileSummary:
+    """The profile a collection ends with (`ng_collect_rollouts`, and `ng merge` for merged shards): profile
+    `paths.output` against `paths.materialized_inputs` into `paths.reward_profiling` and `paths.agent_metrics` (a
+    `collection.CollectionPaths`) and print the table."""
+    summary = profile_rollouts(
+        paths.materialized_inputs,
+        paths.output,
+        pass_threshold=pass_threshold,
+        reward_profiling_path=paths.reward_profiling,
+        agent_metrics_path=paths.agent_metrics,
+    )
+    print_profile_table(summary)
     return summary
 
 

@@ -35,6 +35,18 @@ _UPSERT = (
 )
 
 
+
+def scratch_db(cache_kib: int = _SQLITE_CACHE_KIB) -> sqlite3.Connection:
+    """A private temporary SQLite database for data that outgrows memory: on disk in SQLite's temp folder (the
+    name "" makes it private and deleted when closed), no journal, no syncs, a page cache of `cache_kib`, and one
+    transaction for the whole run, since nothing in it ever needs to survive the process."""
+    db = sqlite3.connect("", isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=OFF")
+    db.execute("PRAGMA synchronous=OFF")
+    db.execute(f"PRAGMA cache_size=-{int(cache_kib)}")
+    db.execute("BEGIN")
+    return db
+
 class TaskIndexMap:
     """Line digest (bytes) -> task index, with a running rollout counter per task.
 
@@ -82,12 +94,8 @@ class TaskIndexMap:
         return task, after - n
 
     def _spill(self) -> None:
-        db = sqlite3.connect("", isolation_level=None, check_same_thread=False)  # "": private, on disk, temporary
-        db.execute("PRAGMA journal_mode=OFF")
-        db.execute("PRAGMA synchronous=OFF")
-        db.execute(f"PRAGMA cache_size=-{_SQLITE_CACHE_KIB}")
+        db = scratch_db(_SQLITE_CACHE_KIB)
         db.execute("CREATE TABLE m(d BLOB PRIMARY KEY, t INTEGER NOT NULL, n INTEGER NOT NULL) WITHOUT ROWID")
-        db.execute("BEGIN")  # one transaction for the whole run: nothing is ever committed or synced
         assert self._mem is not None
         nxt = self._next
         db.executemany("INSERT INTO m(d, t, n) VALUES (?, ?, ?)", ((d, t, nxt[t]) for d, t in self._mem.items()))

@@ -251,3 +251,128 @@ def test_reward_profile_command(tmp_path, capsys, monkeypatch):
     assert "nope.jsonl" in capsys.readouterr().err
     assert find_command("reward_profile").main(["+h=true"]) == 0
     assert "+rollouts_jsonl_fpath" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------- bounded memory
+
+
+def random_run(seed: int, n_tasks: int) -> tuple[list[dict], list[dict]]:
+    """Materialized rows and shuffled rollouts: 1-6 rollouts per task, three agents, fields that come and go, bools,
+    ints, usage, low- and high-cardinality values, a duplicate input line, rollouts without an input row."""
+    import random
+
+    rng = random.Random(seed)
+    rows, rollouts = [], []
+    for t in range(n_tasks):
+        agent = rng.choice(["a", "b", "c"])
+        for r in range(rng.randint(1, 6)):
+            rows.append({"responses_create_params": {"input": f"q{t}"}, "agent_ref": {"name": agent}, T: t, R: r})
+            if rng.random() < 0.1:
+                continue  # a rollout that failed: no row in the output
+            x: dict = {T: t, R: r}
+            if rng.random() < 0.95:
+                x["reward"] = rng.choice([0.0, 1.0, 1, 0, 0.5, rng.random()])
+            if rng.random() < 0.5:
+                x["score"] = rng.uniform(-50, 50)
+            if rng.random() < 0.3:
+                x["flag"] = rng.random() < 0.5
+            if rng.random() < 0.1:
+                x[f"rare{rng.randint(0, 3)}"] = rng.randint(-5, 5)
+            if rng.random() < 0.7:
+                x["response"] = {"usage": {"input_tokens": rng.randint(1, 9), "output_tokens": rng.randint(1, 500)}}
+            rollouts.append(x)
+    rows.append(dict(rows[0], **{R: 99}))
+    rollouts += [rollout(n_tasks + 3, 0, 1.0), {T: "x"}]
+    rng.shuffle(rollouts)
+    return rows, rollouts
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_spilling_to_sqlite_gives_the_same_bytes_as_in_memory_on_random_runs(seed):
+    rows, rollouts = random_run(seed, 1500)
+    in_memory = compute_profile(rows, rollouts)
+    for spill_after in (0, 7, 1000):
+        spilled = compute_profile(rows, rollouts, spill_after=spill_after)
+        assert json.dumps(spilled) == json.dumps(in_memory), spill_after
+
+
+def test_agent_statistics_equal_those_of_every_value_in_a_list():
+    rows, rollouts = random_run(4, 3000)
+    agent_of = {r[T]: r["agent_ref"]["name"] for r in rows}
+    values: dict[tuple[str, str], list[float]] = {}
+    for x in rollouts:
+        if isinstance(x.get(T), int) and x[T] in agent_of:
+            for name, v in rollout_numeric_fields(x).items():
+                values.setdefault((agent_of[x[T]], name), []).append(v)
+    _, agents = compute_profile(rows, rollouts, spill_after=10)
+    checked = 0
+    for agent in agents:
+        for (name, fld), vals in values.items():
+            if name != agent["agent_ref"]["name"]:
+                continue
+            want = summary_stats(vals)
+            for stat in ("mean", "max", "min", "median"):
+                assert agent[f"{stat}/{fld}"] == want[stat], (name, fld, stat)
+            assert agent.get(f"std/{fld}") == (want["std"] if len(vals) >= 2 else 0.0)
+            checked += 1
+    assert checked >= 15
+
+
+def test_counted_stats_match_summary_stats():
+    import random
+    from collections import Counter
+
+    from nemo_gym.rollouts.reward_profile import counted_stats
+
+    rng = random.Random(5)
+    for size in (1, 2, 3, 10, 101, 1000):
+        for kind in ("binary", "ints", "floats"):
+            vals = [
+                float(rng.random() < 0.3) if kind == "binary" else float(rng.randint(0, 9)) if kind == "ints" else rng.gauss(0, 1e6)
+                for _ in range(size)
+            ]
+            pairs = sorted(Counter(vals).items())
+            got, want = counted_stats(lambda pairs=pairs: pairs), summary_stats(vals)
+            assert {k: v for k, v in got.items() if k != "std"} == {k: v for k, v in want.items() if k != "std"}
+            assert got["std"] == want["std"] or (math.isnan(got["std"]) and math.isnan(want["std"]))
+    assert all(math.isnan(v) for v in counted_stats(list).values())
+
+
+def test_profile_files_are_identical_with_and_without_spilling(tmp_path):
+    rows, rollouts = random_run(6, 800)
+    mat = write_jsonl(tmp_path / "r_materialized_inputs.jsonl", rows)
+    out = write_jsonl(tmp_path / "r.jsonl", rollouts)
+    a = profile_rollouts(mat, out, reward_profiling_path=tmp_path / "a.jsonl", agent_metrics_path=tmp_path / "a.json")
+    b = profile_rollouts(
+        mat, out, reward_profiling_path=tmp_path / "b.jsonl", agent_metrics_path=tmp_path / "b.json", spill_after=50
+    )
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    assert (a.num_tasks, a.num_rollouts, a.unmatched_rollouts) == (b.num_tasks, b.num_rollouts, b.unmatched_rollouts)
+    assert a.unmatched_rollouts == 1 and a.unreadable_lines == 1
+
+
+def test_the_stores_move_to_sqlite_past_their_threshold_and_keep_file_order_within_a_task():
+    from nemo_gym.rollouts.reward_profile import _TaskRollouts, _ValueCounts
+
+    store = _TaskRollouts(spill_after=3)
+    for i, task in enumerate([2, 0, 2, 1]):
+        assert store.spilled == (i > 3)
+        store.add(task, {"reward": float(i)})
+    assert store.spilled
+    store.add(2, {"reward": 9.0, "late": 1.0})
+    assert [(t, [list(r) for r in rows]) for t, rows in store.groups()] == [
+        (0, [[1.0]]), (1, [[3.0]]), (2, [[0.0], [2.0], [9.0, 1.0]])
+    ]
+    assert [list(r) for r in store.lookup(1)] == [[3.0]] and store.lookup(7) == []
+    assert [list(r) for r in store.lookup(0)] == [[1.0]]  # out of order: a direct query
+    store.close()
+
+    counts = _ValueCounts(spill_after=2)
+    counts.add((0, 0), [1.0, 1.0, 0.0])
+    assert not counts.spilled
+    counts.add((0, 0), [0.5])
+    assert counts.spilled
+    counts.add((0, 0), [1.0])
+    assert list(counts.sorted_counts((0, 0))()) == [(0.0, 1), (0.5, 1), (1.0, 3)]
+    counts.close()
