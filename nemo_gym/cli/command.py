@@ -198,8 +198,10 @@ class Command:
         """What `ng_<name> +h=true`, `ng <verb> --help` and `ng help <verb>` all print."""
         model = self.config_model
         usage = "".join(f" [{name}]" for name in self.positionals[:-1])
-        if self.positionals:
-            usage += f" [{self.positionals[-1]}...]" if len(self.positionals) > 1 else f" [{self.positionals[-1]}]"
+        if self.positionals:  # the last one takes several words when its parameter can be a list
+            last = self.positionals[-1]
+            several = "list" in str(getattr(model.model_fields.get(last), "annotation", ""))
+            usage += f" [{last}...]" if several else f" [{last}]"
         usage += "".join(f" [{alias} {name}]" for alias, name in self.flags.items()) + " [+key=value ...]"
         lines = [
             f"{self.script}: {self.summary}",

@@ -14,14 +14,18 @@ from nemo_gym.cli.commands import (
     collect,
     dump_config,
     e2e_collect,
+    export,
     help,
     init,
+    merge,
     prepare_data,
     profile,
+    reverify,
     run,
     status,
     test,
     version,
+    view,
 )
 
 COMMANDS: tuple[Command, ...] = (
@@ -36,7 +40,11 @@ COMMANDS: tuple[Command, ...] = (
     test.TEST_ALL,
     init.COMMAND,
     profile.COMMAND,
+    merge.COMMAND,
     prepare_data.COMMAND,
+    reverify.COMMAND,
+    export.COMMAND,
+    view.COMMAND,
 )
 
 BY_NAME: dict[str, Command] = {c.name: c for c in COMMANDS}

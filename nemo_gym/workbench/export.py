@@ -1,0 +1,385 @@
+"""`ng export {sft,dpo,tokens}`: rollout files in, training data out (JSONL or Parquet, by the output's suffix).
+
+- `sft`: one row per rollout with reward >= `min_reward` (all successful rollouts when unset): `messages` in OpenAI
+  chat format (`nemo_gym.workbench.conversation`), `tools` when the task offered any, `reward`; with
+  `best_per_task=k` only the k best rollouts of each task.
+- `dpo`: pairs of rollouts of the same task, TRL's conversational preference format: `prompt` (the shared
+  instructions and input), `chosen` and `rejected` (the two episodes' assistant and tool messages), their rewards.
+  Pairing: the task's rollouts ranked by reward; best with worst, then second best with second worst, ..., while
+  the chosen one's reward beats the rejected one's by more than 0 and by at least `min_margin`, the chosen one has
+  at least `min_reward`, and at most `pairs_per_task` pairs (default 1: best against worst). Each rollout is in at
+  most one pair.
+- `tokens`: per rollout the token ids, log probs and loss mask the model server captured
+  (`nemo_gym.workbench.tokens`).
+
+Every rollout that is not exported is counted under a reason (`DROP_REASONS`), printed at the end with the first
+example of each. sft and tokens stream (one row in memory at a time); dpo and best-of-k group the repeats of each
+task in a temporary SQLite file (`nemo_gym.workbench.task_groups`), so memory holds one task at a time. Damaged
+lines of the inputs (bad JSON, a torn last line) are skipped and counted, as everywhere rollout files are read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Literal, Mapping, Optional, Union
+
+import orjson
+from pydantic import Field
+
+from nemo_gym.config.types import BaseNeMoGymCLIConfig
+from nemo_gym.errors import NeMoGymConfigError
+from nemo_gym.rollouts.collection import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
+from nemo_gym.rollouts.jsonl import iter_jsonl_objects
+from nemo_gym.workbench.conversation import (
+    ChatOptions,
+    Unusable,
+    chat_tools,
+    completion_messages,
+    full_conversation,
+    prompt_messages,
+    response_output,
+)
+from nemo_gym.workbench.export_files import RowWriter, open_rows, output_format, require_pyarrow
+from nemo_gym.workbench.task_groups import Member, TaskGroups, task_key
+from nemo_gym.workbench.tokens import token_trajectory
+
+__all__ = ["ExportConfig", "ExportReport", "DROP_REASONS", "choose_pairs", "export_rollouts"]
+
+KINDS = ("sft", "dpo", "tokens")
+
+# Why a rollout was not exported: the key it is counted under and what it means.
+DROP_REASONS = {
+    "bad_json_line": "a line that is not a JSON object (bad JSON, a torn last line)",
+    "failed_rollout": "a line of a _failures.jsonl file: the rollout failed, there is no response",
+    "no_response": "no `response.output` (not a rollout line)",
+    "no_prompt": "no `responses_create_params`",
+    "incomplete_response": "the response stopped early (status incomplete, e.g. max_output_tokens); "
+    "+include_incomplete=true keeps it",
+    "no_reward": "no numeric `reward`, which the reward threshold or the ranking needs",
+    "below_min_reward": "reward below min_reward",
+    "not_best_of_k": "not among the best_per_task best rollouts of its task",
+    "unconvertible": "an item with no chat-format equivalent",
+    "non_text_content": "an image, file or other non-text content part",
+    "empty_output": "the response has no output items",
+    "alone_in_task": "the only usable rollout of its task: nothing to pair it with",
+    "margin_below_min": "no pair of the task's rollouts differs in reward by more than 0 and by at least min_margin",
+    "not_paired": "its task gave pairs, but not with this rollout (ranked between the paired ones)",
+    "no_token_data": "no token ids: the model server did not capture them (vllm_model return_token_id_information)",
+    "token_data_mismatch": "token data missing on some model output, or ids and log probs of different lengths",
+    "tokens_not_contiguous": "a model call's prompt does not start with the tokens before it (re-rendered history)",
+}
+
+
+class ExportConfig(BaseNeMoGymCLIConfig):
+    """Export rollouts as training data: `sft` (chat `messages` of rollouts with reward >= min_reward), `dpo` (TRL
+    preference pairs `prompt` / `chosen` / `rejected` from the repeats of each task) or `tokens` (token ids, log
+    probs and loss mask captured by the model server). The output format follows the suffix: .jsonl or .parquet.
+    Prints how many rows were kept and, per reason, how many rollouts were dropped; exits 1 when nothing was kept.
+    Example: ng export sft results/rollouts.jsonl -o sft.parquet --min-reward 1"""
+
+    kind: Literal["sft", "dpo", "tokens"] = Field(description="What to export: sft, dpo or tokens.")
+    input_jsonl_fpath: Union[str, list[str]] = Field(
+        description="Rollout file(s) written by ng_collect_rollouts (a list for several)."
+    )
+    output_fpath: str = Field(description="Where to write: a .jsonl or .parquet path (parent folders are created).")
+    min_reward: Optional[float] = Field(
+        default=None,
+        description="sft/tokens: keep rollouts with reward >= this (null = all); dpo: the chosen rollout needs it.",
+    )
+    min_margin: float = Field(
+        default=0.0, ge=0, description="dpo: least reward difference of a pair (a pair always needs a difference > 0)."
+    )
+    pairs_per_task: int = Field(
+        default=1, ge=1, description="dpo: most pairs per task (best vs worst, then 2nd best vs 2nd worst, ...)."
+    )
+    best_per_task: Optional[int] = Field(
+        default=None, ge=1, alias="best_of_k", description="sft: keep only the k best rollouts of each task."
+    )
+    reasoning: Literal["think", "field", "drop"] = Field(
+        default="think",
+        description="sft/dpo: reasoning as <think>...</think> in the content (think), as a reasoning_content field "
+        "(field), or left out (drop).",
+    )
+    developer_as_system: bool = Field(default=False, description="sft/dpo: write developer messages as system.")
+    include_incomplete: bool = Field(
+        default=False, description="sft/dpo: also export responses that stopped early (e.g. max_output_tokens)."
+    )
+
+    def input_paths(self) -> list[Path]:
+        names = [self.input_jsonl_fpath] if isinstance(self.input_jsonl_fpath, str) else list(self.input_jsonl_fpath)
+        if not names:
+            raise NeMoGymConfigError("+input_jsonl_fpath names no file: pass one or more rollout files.")
+        return [Path(str(name)).expanduser() for name in names]
+
+
+@dataclass
+class ExportReport:
+    """What an export did: lines read, rows written, and the dropped rollouts per reason (with a first example)."""
+
+    kind: str
+    output: Path
+    files: int = 0
+    read: int = 0
+    kept: int = 0
+    paired_rollouts: int = 0  # dpo: rollouts that went into the pairs
+    dropped: Counter = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)
+
+    def drop(self, reason: str, detail: str = "", count: int = 1) -> None:
+        self.dropped[reason] += count
+        if detail and reason not in self.examples:
+            self.examples[reason] = detail
+
+    @property
+    def unit(self) -> str:
+        return "pair" if self.kind == "dpo" else "row"
+
+    def lines(self) -> list[str]:
+        unit = self.unit + ("" if self.kept == 1 else "s")
+        files = f"{self.files} file" + ("" if self.files == 1 else "s")
+        head = f"ng export {self.kind}: read {self.read} line(s) from {files}; kept {self.kept} {unit}"
+        if self.kind == "dpo":
+            head += f" (from {self.paired_rollouts} rollouts)"
+        out = [f"{head} -> {self.output}"]
+        total = sum(self.dropped.values())
+        if total:
+            out.append(f"dropped {total} rollout(s):")
+            width = max(len(reason) for reason in self.dropped)
+            for reason, count in self.dropped.most_common():
+                out.append(f"  {count:>8}  {reason:<{width}}  {DROP_REASONS.get(reason, '')}")
+                if reason in self.examples:
+                    out.append(f"  {'':>8}  {'':<{width}}  first: {self.examples[reason]}")
+        return out
+
+
+# ------------------------------------------------------------------------------------------------ per rollout
+
+
+def _reward(rollout: Mapping[str, Any]) -> Optional[float]:
+    value = rollout.get("reward")
+    if isinstance(value, (int, float)) and not math.isnan(float(value)):
+        return float(value)
+    return None
+
+
+def _check_complete(rollout: Mapping[str, Any], config: ExportConfig) -> None:
+    response_output(rollout)  # failed rollouts and rows without a response
+    if config.include_incomplete:
+        return
+    response = rollout["response"]
+    details = response.get("incomplete_details")
+    if response.get("status") == "incomplete" or details:
+        reason = details.get("reason") if isinstance(details, Mapping) else None
+        raise Unusable("incomplete_response", f"incomplete ({reason or 'no reason given'})")
+
+
+def _rated(rollout: Mapping[str, Any], config: ExportConfig, needs_reward: bool) -> Optional[float]:
+    """The rollout's reward (None when it has none), refused when it is needed (`needs_reward`, or min_reward set)
+    and missing, or below min_reward."""
+    reward = _reward(rollout)
+    if reward is None and (needs_reward or config.min_reward is not None):
+        raise Unusable("no_reward", f"reward is {rollout.get('reward')!r}")
+    if config.min_reward is not None and reward is not None and reward < config.min_reward:
+        raise Unusable("below_min_reward", f"reward {reward:g} < {config.min_reward:g}")
+    return reward
+
+
+def _meta(rollout: Mapping[str, Any]) -> dict[str, Any]:
+    agent = rollout.get("agent_ref")
+    task = rollout.get(TASK_INDEX_KEY_NAME)
+    index = rollout.get(ROLLOUT_INDEX_KEY_NAME)
+    return {
+        "agent_name": agent.get("name") if isinstance(agent, Mapping) else None,
+        TASK_INDEX_KEY_NAME: task if isinstance(task, int) else None,
+        ROLLOUT_INDEX_KEY_NAME: index if isinstance(index, int) else None,
+    }
+
+
+def _options(config: ExportConfig) -> ChatOptions:
+    return ChatOptions(reasoning=config.reasoning, developer_as_system=config.developer_as_system)
+
+
+# ------------------------------------------------------------------------------------------------ kinds
+
+
+def _export_sft(config: ExportConfig, rollouts: Iterable[dict], writer: RowWriter, report: ExportReport) -> None:
+    options = _options(config)
+    k = config.best_per_task
+    groups = TaskGroups() if k else None
+    try:
+        for rollout in rollouts:
+            try:
+                _check_complete(rollout, config)
+                reward = _rated(rollout, config, needs_reward=groups is not None)
+                row = {"messages": full_conversation(rollout, options), "tools": chat_tools(rollout), "reward": reward,
+                       **_meta(rollout)}
+            except Unusable as exc:
+                report.drop(exc.reason, exc.detail)
+                continue
+            if groups is None:
+                writer.write(row)
+                report.kept += 1
+            else:
+                groups.add(task_key(rollout), reward, orjson.dumps(row))
+        if groups is None:
+            return
+        for group in groups.groups():
+            ranked = sorted(group.members, key=lambda m: (-(m.reward or 0.0), m.seq))
+            best = sorted(m.seq for m in ranked[:k])
+            if len(ranked) > k:
+                report.drop("not_best_of_k", count=len(ranked) - k)
+            payloads = groups.payloads(group.gid, best)
+            for seq in best:
+                writer.write(orjson.loads(payloads[seq]))
+                report.kept += 1
+    finally:
+        if groups is not None:
+            groups.close()
+
+
+def choose_pairs(
+    members: list[Member], *, min_margin: float = 0.0, min_reward: Optional[float] = None, max_pairs: int = 1
+) -> list[tuple[Member, Member]]:
+    """The (chosen, rejected) pairs of one task's rollouts (see the module docstring): ranked by reward, ties in
+    file order; best with worst inwards while the margin is > 0 and >= `min_margin` and the chosen reward >=
+    `min_reward`, at most `max_pairs`."""
+    ranked = sorted(members, key=lambda m: (-(m.reward or 0.0), m.seq))
+    pairs: list[tuple[Member, Member]] = []
+    i, j = 0, len(ranked) - 1
+    while i < j and len(pairs) < max_pairs:
+        chosen, rejected = ranked[i], ranked[j]
+        margin = (chosen.reward or 0.0) - (rejected.reward or 0.0)
+        if margin <= 0 or margin < min_margin or (min_reward is not None and (chosen.reward or 0.0) < min_reward):
+            break
+        pairs.append((chosen, rejected))
+        i, j = i + 1, j - 1
+    return pairs
+
+
+def _export_dpo(config: ExportConfig, rollouts: Iterable[dict], writer: RowWriter, report: ExportReport) -> None:
+    options = _options(config)
+    with TaskGroups() as groups:
+        for rollout in rollouts:
+            try:
+                _check_complete(rollout, config)
+                reward = _reward(rollout)
+                if reward is None:
+                    raise Unusable("no_reward", f"reward is {rollout.get('reward')!r}")
+                shared = {"prompt": prompt_messages(rollout, options), "tools": chat_tools(rollout)}
+                completion = completion_messages(rollout, options)
+            except Unusable as exc:
+                report.drop(exc.reason, exc.detail)
+                continue
+            meta = _meta(rollout)
+            groups.add(
+                task_key(rollout),
+                reward,
+                orjson.dumps({"messages": completion, "meta": meta}),
+                shared=orjson.dumps({**shared, "meta": meta}),
+            )
+
+        for group in groups.groups():
+            pairs = choose_pairs(
+                group.members, min_margin=config.min_margin, min_reward=config.min_reward,
+                max_pairs=config.pairs_per_task,
+            )
+            if not pairs:
+                best = max((m.reward or 0.0) for m in group.members)
+                if len(group.members) == 1:
+                    report.drop("alone_in_task", count=1)
+                elif config.min_reward is not None and best < config.min_reward:
+                    report.drop("below_min_reward", f"best reward of a task {best:g} < {config.min_reward:g}",
+                                count=len(group.members))
+                else:
+                    report.drop("margin_below_min", count=len(group.members))
+                continue
+            used = {m.seq for pair in pairs for m in pair}
+            if len(group.members) > len(used):
+                report.drop("not_paired", count=len(group.members) - len(used))
+            payloads = {seq: orjson.loads(data) for seq, data in groups.payloads(group.gid, sorted(used)).items()}
+            shared = orjson.loads(group.shared or b"{}")
+            for chosen, rejected in pairs:
+                writer.write(
+                    {
+                        "prompt": shared["prompt"],
+                        "chosen": payloads[chosen.seq]["messages"],
+                        "rejected": payloads[rejected.seq]["messages"],
+                        "tools": shared.get("tools"),
+                        "chosen_reward": chosen.reward,
+                        "rejected_reward": rejected.reward,
+                        "agent_name": shared["meta"]["agent_name"],
+                        TASK_INDEX_KEY_NAME: shared["meta"][TASK_INDEX_KEY_NAME],
+                        "chosen_rollout_index": payloads[chosen.seq]["meta"][ROLLOUT_INDEX_KEY_NAME],
+                        "rejected_rollout_index": payloads[rejected.seq]["meta"][ROLLOUT_INDEX_KEY_NAME],
+                    }
+                )
+                report.kept += 1
+            report.paired_rollouts += len(used)
+
+
+def _export_tokens(config: ExportConfig, rollouts: Iterable[dict], writer: RowWriter, report: ExportReport) -> None:
+    for rollout in rollouts:
+        try:
+            response_output(rollout)  # failed rollouts first, whatever the reward filter says
+            reward = _rated(rollout, config, needs_reward=False)
+            trajectory = token_trajectory(rollout)
+        except Unusable as exc:
+            report.drop(exc.reason, exc.detail)
+            continue
+        writer.write(
+            {
+                "prompt_token_ids": trajectory.prompt_token_ids,
+                "generation_token_ids": trajectory.generation_token_ids,
+                "generation_log_probs": trajectory.generation_log_probs,
+                "loss_mask": trajectory.loss_mask,
+                "num_model_calls": trajectory.num_model_calls,
+                "reward": reward,
+                **_meta(rollout),
+            }
+        )
+        report.kept += 1
+
+
+_EXPORTERS = {"sft": _export_sft, "dpo": _export_dpo, "tokens": _export_tokens}
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+
+def _check_paths(config: ExportConfig) -> tuple[list[Path], Path]:
+    inputs = config.input_paths()
+    for path in inputs:
+        if not path.is_file():
+            raise NeMoGymConfigError(f"+input_jsonl_fpath: file not found: {path}")
+    output = Path(config.output_fpath).expanduser()
+    if output_format(output) == "parquet":
+        require_pyarrow()
+    if any(output.resolve() == path.resolve() for path in inputs):
+        raise NeMoGymConfigError(f"+output_fpath={output} is also an input file; write the export somewhere else.")
+    if output.is_dir():
+        raise NeMoGymConfigError(f"+output_fpath={output} is a folder; give a file path ending in .jsonl or .parquet.")
+    return inputs, output
+
+
+def _read(paths: list[Path], report: ExportReport) -> Iterator[dict]:
+    def bad_line(where: str) -> None:
+        report.read += 1
+        report.drop("bad_json_line", where)
+
+    for path in paths:
+        report.files += 1
+        for row in iter_jsonl_objects(path, on_bad=lambda: None, on_bad_line=bad_line):
+            report.read += 1
+            yield row
+
+
+def export_rollouts(config: ExportConfig) -> ExportReport:
+    """Run one export; the output file appears complete at the end (nothing is left behind on an error)."""
+    inputs, output = _check_paths(config)
+    report = ExportReport(kind=config.kind, output=output)
+    with open_rows(output, config.kind, reasoning_field=config.reasoning == "field") as writer:
+        _EXPORTERS[config.kind](config, _read(inputs, report), writer, report)
+    return report

@@ -1,0 +1,307 @@
+// The viewer page: tabs, the rollouts table (sort, filter, pages), the detail pane, the repeats of a task, the
+// summary plots and the failures. Everything comes from the JSON API of the local server (nemo_gym/workbench/view).
+"use strict";
+
+const $ = (sel) => document.querySelector(sel);
+const COLUMNS = [
+  { key: "file", label: "file", multi: true },
+  { key: "task", label: "task", num: true },
+  { key: "rollout", label: "repeat", num: true },
+  { key: "agent", label: "agent" },
+  { key: "reward", label: "reward", num: true },
+  { key: "turns", label: "turns", num: true },
+  { key: "tool_calls", label: "tool calls", num: true },
+  { key: "tokens", label: "tokens", num: true },
+  { key: "status", label: "status" },
+  { key: "preview", label: "prompt", sortable: false },
+];
+const PAGE = 50;
+const state = {
+  tab: "rollouts", sort: "line", desc: false, offset: 0, failOffset: 0, version: null, files: [],
+  selected: null, task: null, threshold: null,
+};
+
+async function api(path, params = {}) {
+  const url = new URL(path, location.href);
+  for (const [k, v] of Object.entries(params)) if (v !== "" && v != null && v !== false) url.searchParams.set(k, v);
+  const resp = await fetch(url);
+  if (!resp.ok) throw new Error(`${resp.status} ${(await resp.text()).slice(0, 300)}`);
+  return resp.json();
+}
+
+function problem(where, err) {
+  where.replaceChildren(el("div", { class: "problem" }, String(err.message || err)));
+}
+
+function multiFile() { return state.files.length > 1; }
+
+function fileName(i) { return (state.files[i] && state.files[i].name) || `file ${i}`; }
+
+// ---------------------------------------------------------------------------------------------------- status
+async function refreshStatus() {
+  const st = await api("/api/status");
+  state.files = st.files;
+  const chips = st.files.map((f) => {
+    const pct = f.bytes ? Math.floor((100 * f.indexed_bytes) / f.bytes) : 100;
+    return el("span", { class: "file-chip", title: f.path },
+      `${f.name}: ${f.rollouts.toLocaleString()} rollouts`,
+      f.failures ? `, ${f.failures.toLocaleString()} failed` : "",
+      pct < 100 ? ` (indexing ${pct}%)` : "",
+      f.error ? el("span", { class: "tag" }, f.error) : null);
+  });
+  $("#files").replaceChildren(...chips);
+  const failures = st.files.reduce((n, f) => n + f.failures, 0);
+  $("#failure-count").textContent = failures ? failures.toLocaleString() : "";
+  syncOptions($("#f-agent"), st.agents.map((a) => [a, a]));
+  syncOptions($("#f-file"), st.files.map((f) => [String(f.file), f.name]));
+  $("#f-file-label").hidden = !multiFile();
+  const changed = state.version !== null && state.version !== st.version;
+  const first = state.version === null;
+  state.version = st.version;
+  return { changed, first };
+}
+
+function syncOptions(select, pairs) {
+  const have = [...select.options].slice(1).map((o) => o.value).join("\n");
+  if (have === pairs.map((p) => p[0]).join("\n")) return;
+  const current = select.value;
+  select.replaceChildren(el("option", { value: "" }, "all"), ...pairs.map(([v, label]) => el("option", { value: v }, label)));
+  select.value = current;
+}
+
+// ---------------------------------------------------------------------------------------------------- table
+function filters() {
+  return {
+    q: $("#f-text").value.trim(),
+    min_reward: $("#f-min").value,
+    max_reward: $("#f-max").value,
+    agent: $("#f-agent").value,
+    failed: $("#f-failed").checked ? "true" : "",
+    file: $("#f-file").value,
+  };
+}
+
+function renderHead() {
+  const cells = COLUMNS.filter((c) => !c.multi || multiFile()).map((c) => {
+    const sortable = c.sortable !== false;
+    const cls = [c.num ? "num" : "", c.key === "preview" ? "preview" : "", sortable ? "sortable" : "", state.sort === c.key ? "sorted" : "",
+      state.sort === c.key && state.desc ? "desc" : ""].join(" ");
+    return el("th", {
+      class: cls, "data-key": c.key,
+      onclick: sortable ? () => {
+        if (state.sort === c.key) state.desc = !state.desc;
+        else { state.sort = c.key; state.desc = c.key === "reward"; }
+        state.offset = 0;
+        loadTable();
+      } : null,
+    }, c.label);
+  });
+  $("#rollouts thead").replaceChildren(el("tr", {}, cells));
+}
+
+function cell(c, r) {
+  if (c.key === "file") return el("td", {}, fileName(r.file));
+  if (c.key === "reward") return el("td", { class: "num" }, r.source === 1 ? "–" : fmtNumber(r.reward));
+  if (c.key === "status") {
+    const ok = r.status === "ok";
+    return el("td", { class: ok ? "status-ok" : "status-bad" }, ok ? "ok" : `${r.status}${r.error_type ? ": " + r.error_type : ""}`);
+  }
+  if (c.key === "preview") return el("td", { class: "preview", title: r.preview || "" }, r.preview || "");
+  if (c.num) return el("td", { class: "num" }, fmtNumber(r[c.key]));
+  return el("td", {}, r[c.key] ?? "");
+}
+
+let tableRequest = 0;
+async function loadTable() {
+  const mine = ++tableRequest;
+  renderHead();
+  try {
+    const data = await api("/api/rows", { ...filters(), sort: state.sort, desc: state.desc ? "true" : "", offset: state.offset, limit: PAGE });
+    if (mine !== tableRequest) return;  // a newer request was made meanwhile
+    const cols = COLUMNS.filter((c) => !c.multi || multiFile());
+    const rows = data.rows.map((r) => {
+      const key = `${r.file}:${r.id}`;
+      return el("tr", {
+        class: "rollout-row" + (state.selected === key ? " selected" : ""), "data-key": key,
+        onclick: (ev) => { selectRow(r.file, r.id); markSelected(ev.currentTarget); },
+      }, cols.map((c) => cell(c, r)));
+    });
+    $("#rollouts tbody").replaceChildren(...rows);
+    const end = Math.min(data.total, state.offset + data.rows.length);
+    $("#page-info").textContent = data.total
+      ? `${(state.offset + 1).toLocaleString()}–${end.toLocaleString()} of ${data.total.toLocaleString()}`
+      : "no rollouts match";
+    $("#page-info").dataset.total = data.total;
+    $("#prev").disabled = state.offset === 0;
+    $("#next").disabled = end >= data.total;
+  } catch (err) {
+    problem($("#rollouts tbody"), err);
+  }
+}
+
+function markSelected(tr) {
+  for (const row of document.querySelectorAll("#rollouts tr.selected")) row.classList.remove("selected");
+  if (tr) tr.classList.add("selected");
+}
+
+async function selectRow(file, id) {
+  state.selected = `${file}:${id}`;
+  const pane = $("#detail");
+  try {
+    const data = await api(`/api/rollout/${file}/${id}`);
+    pane.replaceChildren(rolloutNode(data, { onTask: showTask }));
+    pane.scrollTop = 0;
+  } catch (err) {
+    problem(pane, err);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------- repeats
+async function showTask(file, task) {
+  state.task = { file, task };
+  $("#task-tab").hidden = false;
+  switchTab("task");
+}
+
+async function loadTask() {
+  if (!state.task) return;
+  const { file, task } = state.task;
+  const allFiles = $("#all-files") ? $("#all-files").checked : false;
+  try {
+    const data = await api(`/api/task/${file}/${task}`, { all_files: allFiles ? "true" : "" });
+    const head = [el("h2", {}, `task ${task}: ${data.total} rollout${data.total === 1 ? "" : "s"}`),
+      el("span", { class: "muted" }, "best reward first, then the worst, then the rest")];
+    if (multiFile()) {
+      head.push(el("label", {}, el("input", { type: "checkbox", id: "all-files", checked: allFiles, onchange: loadTask }),
+        " same task index in every file"));
+    }
+    if (data.total > data.rows.length) head.push(el("span", { class: "muted" }, `(showing ${data.rows.length})`));
+    $("#task-head").replaceChildren(...head);
+    const n = data.rows.length;
+    $("#repeats").replaceChildren(...data.rows.map((d, i) => {
+      const rank = n > 1 && i === 0 ? "best" : n > 1 && i === 1 ? "worst" : "";
+      const label = [rank, multiFile() ? fileName(d.info.file) : ""].filter(Boolean).join(" · ");
+      return el("div", { class: "repeat" }, rolloutNode(d, { compact: true, rank: label }));
+    }));
+  } catch (err) {
+    problem($("#repeats"), err);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------- summary
+async function loadSummary() {
+  try {
+    const s = await api("/api/summary", { threshold: state.threshold });
+    const input = $("#threshold");
+    if (state.threshold == null && document.activeElement !== input) input.value = s.pass_threshold;
+    const charts = [];
+    const h = s.histogram;
+    const binLabel = (b) => (h.discrete ? fmtNumber(b.lo) : `${b.lo.toFixed(2)}–${b.hi.toFixed(2)}`);
+    charts.push(barChart(`reward histogram (${h.count.toLocaleString()} rewarded rollouts)`,
+      h.bins.map((b) => ({ label: binLabel(b), value: b.count })), { format: (v) => v.toLocaleString(), integer: true }));
+    charts.push(barChart("mean reward per agent", s.agents.map((a) => ({ label: a.agent, value: a.mean_reward || 0 })),
+      { format: (v) => v.toFixed(2), color: "#1f8a4c", max: Math.max(1, ...s.agents.map((a) => a.mean_reward || 0)) }));
+    const series = s.agents.filter((a) => a.pass_at_k.length).map((a) => ({ name: a.agent, points: a.pass_at_k.map((p) => [p.k, p.value]) }));
+    charts.push(series.length ? lineChart(`pass@k per agent (reward ≥ ${s.pass_threshold})`, series)
+      : chartBox("pass@k per agent", el("p", { class: "muted" }, "no rewarded rollouts yet")));
+    charts.push(s.failures.length
+      ? barChart("failures by error type", s.failures.map((f) => ({ label: f.error_type, value: f.count, title: `${f.status}: ${f.error_type}: ${f.count}` })),
+        { color: "#c0392b", format: (v) => v.toLocaleString(), integer: true })
+      : chartBox("failures by error type", el("p", { class: "muted" }, "no failures")));
+    $("#charts").replaceChildren(...charts);
+    const maxK = Math.max(0, ...s.agents.map((a) => a.pass_at_k.length));
+    const ks = [...new Set([1, maxK])].filter((k) => k > 0);
+    $("#agent-table").replaceChildren(
+      el("thead", {}, el("tr", {}, ["agent", "tasks", "rollouts", "failed", "mean reward", "mean tokens", ...ks.map((k) => `pass@${k}`)]
+        .map((t, i) => el("th", { class: i ? "num" : "" }, t)))),
+      el("tbody", {}, s.agents.map((a) => el("tr", {},
+        el("td", {}, a.agent), ...[a.tasks, a.rollouts, a.failed, a.mean_reward, a.mean_tokens].map((v) => el("td", { class: "num" }, fmtNumber(v))),
+        ...ks.map((k) => el("td", { class: "num" }, fmtNumber((a.pass_at_k[k - 1] || {}).value)))))));
+  } catch (err) {
+    problem($("#charts"), err);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------- failures
+async function loadFailures() {
+  try {
+    const data = await api("/api/failures", { offset: state.failOffset, limit: PAGE });
+    const heads = [...(multiFile() ? ["file"] : []), "task", "repeat", "agent", "status", "error type", "message"];
+    $("#failures thead").replaceChildren(el("tr", {}, heads.map((t) => el("th", {}, t))));
+    $("#failures tbody").replaceChildren(...data.rows.map((r) => el("tr", {
+      class: "failure-row",
+      onclick: () => { switchTab("rollouts"); selectRow(r.file, r.id); },
+    },
+    multiFile() ? el("td", {}, fileName(r.file)) : null,
+    el("td", { class: "num" }, fmtNumber(r.task)), el("td", { class: "num" }, fmtNumber(r.rollout)), el("td", {}, r.agent || ""),
+    el("td", { class: "status-bad" }, r.status), el("td", {}, r.error_type || ""),
+    el("td", { style: "white-space: pre-wrap; min-width: 400px" }, r.message || ""))));
+    const end = Math.min(data.total, state.failOffset + data.rows.length);
+    $("#f-page-info").textContent = data.total ? `${state.failOffset + 1}–${end} of ${data.total}` : "no failures";
+    $("#f-prev").disabled = state.failOffset === 0;
+    $("#f-next").disabled = end >= data.total;
+  } catch (err) {
+    problem($("#failures tbody"), err);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------- wiring
+function switchTab(tab) {
+  state.tab = tab;
+  for (const b of document.querySelectorAll("#tabs button")) b.classList.toggle("active", b.dataset.tab === tab);
+  for (const s of document.querySelectorAll("section.tab")) s.hidden = s.id !== `tab-${tab}`;
+  reloadTab();
+}
+
+function reloadTab() {
+  if (state.tab === "rollouts") return loadTable();
+  if (state.tab === "summary") return loadSummary();
+  if (state.tab === "failures") return loadFailures();
+  if (state.tab === "task") return loadTask();
+}
+
+let debounce = null;
+function onFilter() {
+  clearTimeout(debounce);
+  debounce = setTimeout(() => { state.offset = 0; loadTable(); }, 250);
+}
+
+function wire() {
+  for (const b of document.querySelectorAll("#tabs button")) b.addEventListener("click", () => switchTab(b.dataset.tab));
+  for (const id of ["#f-text", "#f-min", "#f-max"]) $(id).addEventListener("input", onFilter);
+  for (const id of ["#f-agent", "#f-file", "#f-failed"]) $(id).addEventListener("change", onFilter);
+  $("#f-clear").addEventListener("click", () => {
+    for (const id of ["#f-text", "#f-min", "#f-max", "#f-agent", "#f-file"]) $(id).value = "";
+    $("#f-failed").checked = false;
+    onFilter();
+  });
+  $("#prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); loadTable(); });
+  $("#next").addEventListener("click", () => { state.offset += PAGE; loadTable(); });
+  $("#f-prev").addEventListener("click", () => { state.failOffset = Math.max(0, state.failOffset - PAGE); loadFailures(); });
+  $("#f-next").addEventListener("click", () => { state.failOffset += PAGE; loadFailures(); });
+  $("#threshold").addEventListener("change", () => {
+    const v = parseFloat($("#threshold").value);
+    state.threshold = Number.isFinite(v) ? v : null;
+    loadSummary();
+  });
+}
+
+async function poll() {
+  try {
+    const { changed } = await refreshStatus();
+    $("#live-info").textContent = "";
+    // Live: new lines in the files show up without a click. The repeats view is left as it is (it is a comparison).
+    if (changed && $("#live").checked && state.tab !== "task") await reloadTab();
+  } catch (err) {
+    $("#live-info").textContent = "viewer not reachable";
+  }
+}
+
+async function start() {
+  wire();
+  try { await refreshStatus(); } catch (err) { $("#live-info").textContent = String(err.message || err); }
+  await loadTable();
+  setInterval(poll, 2000);
+}
+
+start();

@@ -1,0 +1,323 @@
+"""`ng view` in a real headless browser: rollouts collected by a real stack (`ng_run` + ng_collect_rollouts, the
+fake LLM behind openai_model), the viewer started as its own process, Debian's chromium driven by selenium.
+Filters the table, opens a rollout and reads its tool call and reward, compares the repeats of a task, draws the
+summary, and sees lines appended to the files (a new rollout, a failure) show up without a reload. A screenshot
+is saved as an artifact (and copied to docs/images/viewer.png with NEMO_GYM_UPDATE_SCREENSHOT=1). The JSON API the
+page reads is also checked over plain HTTP, which needs no browser.
+
+Without chromium, chromedriver or selenium the browser test is skipped with a reason that starts with
+BROWSER TEST SKIPPED (`.ci/run` looks for it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from nemo_gym.rollouts.collection import RolloutResult
+from nemo_gym.testing.responses import function_call, function_call_output, make_response
+from nemo_gym.testing.stack import ChildProcess, FakeLLMBackend, NgRunStack
+from tests.conftest import FIXTURE_STACK, REPO_ROOT, free_port
+
+SKIP = "BROWSER TEST SKIPPED"
+NG = [sys.executable, "-m", "nemo_gym.cli"]
+COLLECT = [sys.executable, "-c", "from nemo_gym.cli import collect_rollouts; collect_rollouts()"]
+WAIT_S = 60  # an upper bound for the browser to show something, never a measured time
+TOOLS = [
+    {
+        "type": "function",
+        "name": "increment_counter",
+        "description": "add to the counter",
+        "parameters": {"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]},
+        "strict": False,
+    }
+]
+
+
+def task(text: str, initial: int, expected: int, **extra) -> dict:
+    messages = [{"role": "system", "content": "You keep a counter. Use the tool."}, {"role": "user", "content": text}]
+    return {"responses_create_params": {"input": messages, "tools": TOOLS}, "initial_count": initial,
+            "expected_count": expected, **extra}  # fmt: skip
+
+
+def browser_paths() -> tuple[str, str]:
+    chromium = os.environ.get("NEMO_GYM_CHROMIUM") or next(
+        (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
+    )
+    driver = os.environ.get("NEMO_GYM_CHROMEDRIVER") or shutil.which("chromedriver")
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        pytest.skip(f"{SKIP}: selenium is not installed (pip install -e '.[dev]')")
+    for name, found in (("chromium", chromium), ("chromedriver", driver)):
+        if not found or not os.path.isfile(found):
+            pytest.skip(
+                f"{SKIP}: {name} not found ({found or 'not on PATH'}); install Debian's packages: "
+                "apt-get install -y chromium chromium-driver"
+            )
+    return chromium, driver
+
+
+@pytest.fixture(scope="module")
+def rollouts(tmp_path_factory) -> Path:
+    """A rollouts file written by the real collector: 4 tasks x 2 repeats, two agents, rewards 1 and 0, a tool
+    call in each, one malformed."""
+    browser_paths()  # no browser: skip before starting a stack for nothing
+    work = tmp_path_factory.mktemp("viewer")
+    tasks = [
+        task("please add 2", 1, 3),  # reward 1
+        task("please add 1", 0, 5),  # reward 0
+        task("this one is broken", 5, 5),  # malformed tool arguments, reward 1
+        task("please add 1", 2, 3, agent_ref={"type": "responses_api_agents", "name": "other_counter_agent"}),
+    ]
+    (work / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    output = work / "out" / "rollouts.jsonl"
+    with FakeLLMBackend("--script", str(FIXTURE_STACK / "scripts" / "collect.jsonl")) as backend:
+        head_port = free_port()
+        stack = NgRunStack(
+            [
+                "+config_paths=[configs/collect.yaml]", f"+policy_base_url={backend.base_url}",
+                "+policy_api_key=dummy", "+policy_model_name=fake-model", f"+head_server.port={head_port}",
+            ],
+            cwd=FIXTURE_STACK,
+        )  # fmt: skip
+        try:
+            stack.wait_for("All 4 / 4 servers ready!", timeout=300)
+            collect = ChildProcess(
+                [
+                    *COLLECT, f"+head_server.port={head_port}", "+agent_name=counter_simple_agent",
+                    f"+input_jsonl_fpath={work / 'tasks.jsonl'}", f"+output_jsonl_fpath={output}", "+num_repeats=2",
+                    "+progress_bar=false",
+                ],
+                cwd=work,
+            )  # fmt: skip
+            assert collect.wait(timeout=300) == 0, collect.output
+        finally:
+            stack.stop(timeout=60)
+    assert len(output.read_text().splitlines()) == 8
+    return output
+
+
+@pytest.fixture
+def viewer(rollouts, tmp_path):
+    """`ng view FILE --no-browser` as a child process; yields its URL."""
+    port = free_port()
+    proc = ChildProcess(
+        [*NG, "view", str(rollouts), "--no-browser", "--port", str(port), "--refresh-s", "0.2"],
+        env={"NEMO_GYM_VIEW_CACHE": str(tmp_path / "cache")},
+        name="ng view",
+    )
+    try:
+        proc.wait_for("Viewer: http://", timeout=60)
+        url = re.search(r"Viewer: (http://\S+)", proc.output).group(1)
+        assert url == f"http://127.0.0.1:{port}/"
+        proc.wait_http_ok(url + "api/status", timeout=60)
+        yield url
+    finally:
+        assert proc.stop() in (0, 130), proc.output
+
+
+@pytest.fixture
+def browser():
+    chromium, driver_path = browser_paths()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    profile = tempfile.mkdtemp(prefix="ng-view-chromium-")
+    for flag in (
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}", "--window-size=1600,950",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    try:
+        driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+    except Exception as exc:  # an installed browser that cannot start here (missing libraries, ...)
+        shutil.rmtree(profile, ignore_errors=True)
+        pytest.skip(f"{SKIP}: chromium did not start: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_view_refuses_a_missing_file_and_names_it(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    proc = ChildProcess([*NG, "view", str(missing), "--no-browser"], name="ng view")
+    assert proc.wait(timeout=60) == 2
+    assert f"error: ng_view: Rollout file not found: {missing} (+input_jsonl_fpath)" in proc.output
+
+
+def test_the_api_over_http_and_live_growth(tmp_path):
+    """The JSON API the page reads, from `ng view` as a process (runs without a browser too)."""
+    path = tmp_path / "rollouts.jsonl"
+    lines = []
+    for t, rewards in enumerate([[1.0, 0.0], [0.5, 0.25]]):
+        for r, reward in enumerate(rewards):
+            response = make_response(function_call("lookup", {"q": f"q{t}"}), function_call_output("found"), "ok")
+            row = {**task(f"question {t}", 0, 0), "_ng_task_index": t, "_ng_rollout_index": r, "reward": reward,
+                   "agent_ref": {"name": "agent_a"}, "response": response.model_dump(mode="json")}  # fmt: skip
+            lines.append(json.dumps(row))
+    path.write_text("\n".join(lines) + "\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    with ChildProcess(
+        [*NG, "view", str(path), "--no-browser", "--port", str(port), "--refresh-s", "0.1"],
+        env={"NEMO_GYM_VIEW_CACHE": str(tmp_path / "cache")},
+        name="ng view",
+    ) as proc:
+        proc.wait_http_ok(url + "api/status", timeout=60)
+        assert "/static/app.js" in httpx.get(url).text
+        page = httpx.get(url + "api/rows", params={"sort": "reward", "desc": "true"}).json()
+        assert [r["reward"] for r in page["rows"]] == [1.0, 0.5, 0.25, 0.0]
+        assert httpx.get(url + "api/rows", params={"sort": "nope"}).status_code == 400
+        best = page["rows"][0]
+        assert httpx.get(url + f"api/raw/0/{best['id']}").content == lines[0].encode()
+        one = httpx.get(url + f"api/rollout/0/{best['id']}").json()
+        assert one["info"]["tool_calls"] == 1 and one["row"]["response"]["output"][0]["name"] == "lookup"
+        assert httpx.get(url + "api/rollout/0/999").status_code == 404
+        repeats = httpx.get(url + "api/task/0/1").json()
+        assert [r["info"]["reward"] for r in repeats["rows"]] == [0.5, 0.25]
+        assert httpx.get(url + "api/summary").json()["agents"][0]["pass_at_k"][0]["value"] == 0.25
+        assert httpx.get(url + "api/rows", params={"q": "QUESTION 1"}).json()["total"] == 2
+
+        version = httpx.get(url + "api/status").json()["version"]
+        with open(path, "a") as f:
+            f.write(lines[0].replace('"_ng_task_index": 0', '"_ng_task_index": 2') + "\n")
+
+        def grown() -> bool:
+            status = httpx.get(url + "api/status").json()
+            return status["version"] != version and status["files"][0]["rollouts"] == 5
+
+        deadline = time.monotonic() + WAIT_S  # an upper bound for the watcher to notice, not a measured time
+        while not grown():
+            assert time.monotonic() < deadline, f"the new line never showed up\n{proc.output}"
+            time.sleep(0.05)
+        assert httpx.get(url + "api/rows", params={"q": "question 0"}).json()["total"] == 3  # the search grew too
+
+
+def test_viewer_in_a_real_browser(rollouts, viewer, browser, tmp_path):
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def wait(condition, what: str):
+        try:
+            return WebDriverWait(browser, WAIT_S).until(lambda _: condition())
+        except TimeoutException:
+            browser.save_screenshot(str(tmp_path / "failure.png"))
+            body = browser.find_element(By.TAG_NAME, "body").text
+            shot = tmp_path / "failure.png"
+            raise AssertionError(f"the page never showed {what} (screenshot {shot}):\n{body}") from None
+
+    def css(selector: str):
+        return browser.find_elements(By.CSS_SELECTOR, selector)
+
+    def table_total() -> str:
+        return css("#page-info")[0].get_attribute("data-total") or ""
+
+    browser.get(viewer)
+    wait(lambda: len(css("tr.rollout-row")) == 8, "the 8 rollouts")
+    assert "rollouts.jsonl: 8 rollouts" in css("#files")[0].text
+
+    # Filter: reward at most 0 -> the two rollouts of "please add 1" with the wrong expected count.
+    css("#f-max")[0].send_keys("0")
+    wait(lambda: table_total() == "2", "2 rollouts with reward <= 0")
+    rows = css("tr.rollout-row")
+    assert all("please add 1" in r.text for r in rows)
+    rows[0].click()
+    detail = wait(lambda: (css("#detail .tool-call") or [None])[0] and css("#detail")[0], "the rollout's tool call")
+    assert css("#detail .tool-name")[0].text == "increment_counter"
+    assert json.loads(css("#detail .tool-args")[0].text) == {"count": 1}
+    assert json.loads(css("#detail .tool-output")[0].text) == {"count": 1}
+    assert css("#detail .rollout-head .reward")[0].text == "0"
+    assert "expected_count" in detail.text and "final_count" in detail.text
+    assert "You keep a counter. Use the tool." in detail.text  # the system message
+    css("#detail .rollout button")[-1].click()  # raw JSON on demand
+    wait(lambda: css("#detail pre.raw")[0].is_displayed(), "the raw JSON")
+    assert json.loads(css("#detail pre.raw")[0].text)["expected_count"] == 5
+
+    # Text search in the conversations; the malformed tool call says so.
+    css("#f-clear")[0].click()
+    css("#f-text")[0].send_keys("broken")
+    wait(
+        lambda: table_total() == "2" and all("this one is broken" in r.text for r in css("tr.rollout-row")),
+        "the 2 rollouts that mention 'broken'",
+    )
+    css("tr.rollout-row")[0].click()
+    wait(lambda: "arguments are not valid JSON" in css("#detail")[0].text, "the malformed-arguments tag")
+    assert css("#detail .rollout-head .reward")[0].text == "1"
+    browser.save_screenshot(str(tmp_path / "viewer_search.png"))
+
+    # The repeats of that task side by side.
+    css("#detail .task-button")[0].click()
+    wait(lambda: len(css("#repeats .repeat")) == 2, "the 2 repeats of the task")
+    assert css("#repeats .repeat .rank")[0].text.lower() == "best"
+
+    # The summary plots are drawn by the page.
+    css("button[data-tab=summary]")[0].click()
+    wait(lambda: len(css("#charts .chart")) == 4, "4 summary charts")
+    assert len(css("#charts .chart svg rect")) >= 2 and css("#charts .chart svg path")  # bars and pass@k lines
+    agents = css("#agent-table tbody tr")
+    assert sorted(r.text.split()[0] for r in agents) == ["counter_simple_agent", "other_counter_agent"]
+
+    # Live: the collector appends a rollout and a failure; both show up without a reload.
+    first = json.loads(rollouts.read_text().splitlines()[0])
+    with open(rollouts, "a") as f:
+        f.write(json.dumps({**first, "_ng_task_index": 4, "_ng_rollout_index": 0, "reward": 0.25}) + "\n")
+    failure = RolloutResult(
+        {**{k: v for k, v in first.items() if k not in ("response", "reward")}, "_ng_task_index": 5},
+        error_type="HTTPError", message="POST /run on agent `counter_simple_agent` answered HTTP 503: overloaded",
+        status_code=503, server="counter_simple_agent", agent_name="counter_simple_agent", attempts=3,
+    ).failure_record()  # fmt: skip
+    with open(rollouts.with_name("rollouts_failures.jsonl"), "a") as f:
+        f.write(json.dumps(failure) + "\n")
+    wait(lambda: css("#failure-count")[0].text == "1", "the failure count going to 1")
+    wait(lambda: css("#charts .chart")[3].find_elements(By.CSS_SELECTOR, "rect"), "the bar of the failure")
+    css("button[data-tab=failures]")[0].click()
+    wait(lambda: "answered HTTP 503: overloaded" in css("#failures")[0].text, "the failure's message")
+    css("button[data-tab=rollouts]")[0].click()
+    css("#f-clear")[0].click()
+    wait(lambda: table_total() == "10", "9 rollouts and 1 failure in the table")
+    css("#f-failed")[0].click()
+    wait(lambda: table_total() == "1", "only the failed row")
+    css("tr.rollout-row")[0].click()
+    wait(lambda: "HTTPError" in css("#detail")[0].text, "the failed row's error")
+
+    # Sorted by reward, a rollout with its tool call open: the screenshot.
+    css("#f-failed")[0].click()
+    wait(lambda: table_total() == "10", "all rows again")
+    css("th[data-key=reward]")[0].click()
+    wait(lambda: css("th[data-key=reward]")[0].get_attribute("class").count("desc"), "the reward sort")
+    wait(lambda: css("tr.rollout-row")[0].find_elements(By.CSS_SELECTOR, "td")[3].text == "1", "the best rows first")
+    target = next(r for r in css("tr.rollout-row") if "please add 2" in r.text)
+    target.click()
+    wait(lambda: css("#detail .tool-output") and "please add 2" in css("#detail")[0].text, "the rollout")
+
+    # Nothing on the page came from anywhere but the viewer.
+    origins = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)"
+    )
+    assert set(origins) <= {viewer.rstrip("/")}, origins
+    # A page of another site that points its name at 127.0.0.1 (DNS rebinding) is refused.
+    assert httpx.get(viewer + "api/status", headers={"Host": "attacker.example"}).status_code == 400
+    assert httpx.get(viewer + "api/status").status_code == 200
+
+    shot = tmp_path / "viewer.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    print(f"viewer screenshot: {shot}")
+    if os.environ.get("NEMO_GYM_UPDATE_SCREENSHOT") == "1":
+        target = REPO_ROOT / "docs" / "images" / "viewer.png"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, target)
