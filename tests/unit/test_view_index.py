@@ -286,3 +286,19 @@ def test_search_finds_non_ascii_text_however_the_file_wrote_it(tmp_path, cache):
     ix.update()
     hits = RolloutQuery([ix]).rows(TableFilter(text="crème BRÛLÉE".lower()))["rows"]
     assert sorted(r["task"] for r in hits) == [0, 1]
+
+
+def test_a_response_cut_short_counts_as_incomplete_not_failed(tmp_path, cache):
+    """A response that stopped at max_output_tokens still has its reward: the summary counts it apart from the
+    rollouts that have none (a failures-file row)."""
+    path = tmp_path / "rollouts.jsonl"
+    cut = rollout(0, 1, 1.0)
+    cut["response"]["status"] = "incomplete"
+    cut["response"]["incomplete_details"] = {"reason": "max_output_tokens"}
+    write(path, [rollout(0, 0, 1.0), cut])
+    failure = RolloutResult(rollout(1, 0, 0.0), error_type="Timeout", message="/run did not answer", attempts=3)
+    write(tmp_path / "rollouts_failures.jsonl", [failure.failure_record()])
+    index = RolloutIndex(path, cache)
+    index.update()
+    (agent,) = RolloutQuery([index]).summary()["agents"]
+    assert (agent["rollouts"], agent["failed"], agent["incomplete"], agent["mean_reward"]) == (2, 1, 1, 1.0)

@@ -319,13 +319,16 @@ class RolloutQuery:
         for k = 1 .. the most rewarded rollouts of a task (averaged over the tasks that have at least k)."""
         label = "agent" if len(self.indexes) == 1 else "file || ':' || COALESCE(agent, '')"
         stats: dict[str, dict] = {}
-        for name, rollouts, failed, mean, tokens in self._all(
-            f"SELECT {label} AS a, SUM(source = 0), SUM(status != 'ok'), AVG(CASE WHEN source = 0 THEN reward END), "
+        # "failed": no reward (a failures-file row, an error response, an unreadable line); a response cut short
+        # (status incomplete, e.g. max_output_tokens) still has its reward and is counted apart.
+        for name, rollouts, failed, incomplete, mean, tokens in self._all(
+            f"SELECT {label} AS a, SUM(source = 0), SUM(status NOT IN ('ok', 'incomplete')), "
+            f"SUM(status = 'incomplete'), AVG(CASE WHEN source = 0 THEN reward END), "
             f"AVG(tokens) FROM all_rows GROUP BY a ORDER BY a"
         ):
             stats[name] = {
-                "agent": self._label(name), "rollouts": rollouts, "failed": failed, "mean_reward": mean,
-                "mean_tokens": tokens, "tasks": 0, "pass_at_k": [],
+                "agent": self._label(name), "rollouts": rollouts, "failed": failed, "incomplete": incomplete,
+                "mean_reward": mean, "mean_tokens": tokens, "tasks": 0, "pass_at_k": [],
             }  # fmt: skip
         # pass@k from (n rewarded, c passed) per task, counted in SQL: few distinct (n, c) pairs even for 1M rows.
         sums: dict[str, dict[int, list[float]]] = {}

@@ -212,10 +212,10 @@ async function loadSummary() {
     const maxK = Math.max(0, ...s.agents.map((a) => a.pass_at_k.length));
     const ks = [...new Set([1, maxK])].filter((k) => k > 0);
     $("#agent-table").replaceChildren(
-      el("thead", {}, el("tr", {}, ["agent", "tasks", "rollouts", "failed", "mean reward", "mean tokens", ...ks.map((k) => `pass@${k}`)]
+      el("thead", {}, el("tr", {}, ["agent", "tasks", "rollouts", "failed", "incomplete", "mean reward", "mean tokens", ...ks.map((k) => `pass@${k}`)]
         .map((t, i) => el("th", { class: i ? "num" : "" }, t)))),
       el("tbody", {}, s.agents.map((a) => el("tr", {},
-        el("td", {}, a.agent), ...[a.tasks, a.rollouts, a.failed, a.mean_reward, a.mean_tokens].map((v) => el("td", { class: "num" }, fmtNumber(v))),
+        el("td", {}, a.agent), ...[a.tasks, a.rollouts, a.failed, a.incomplete, a.mean_reward, a.mean_tokens].map((v) => el("td", { class: "num" }, fmtNumber(v))),
         ...ks.map((k) => el("td", { class: "num" }, fmtNumber((a.pass_at_k[k - 1] || {}).value)))))));
   } catch (err) {
     problem($("#charts"), err);
