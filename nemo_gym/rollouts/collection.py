@@ -688,33 +688,15 @@ async def _run_one(
 
     # A failed rollout is rerun whole on a fresh session: /run is idempotent for the retry rules.
     outcome = await retry_policy.run(post, idempotent=True, label=f"POST /run on agent `{agent}`")
-    status: Optional[int] = None
-    exc = outcome.error
-    if type(exc) is TimeoutError and request_timeout_s is not None:  # our deadline, not a client's own timeout
-        error_type, message = "Timeout", f"/run did not answer within {request_timeout_s} s"
-    elif exc is not None:  # transport errors, unknown server id, encoding problems, a client of the caller's...
-        error_type, message = type(exc).__name__, str(exc) or repr(exc)
-    else:
-        response = outcome.result
-        status = response.status_code
-        body = response.content
-        if 200 <= status < 300:
-            try:
-                data = orjson.loads(body)
-                if not isinstance(data, dict):
-                    raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-            except Exception as bad:
-                error_type, message = "InvalidResponse", f"/run answered {status} with {bad}"
-            else:
-                if TASK_INDEX_KEY_NAME in row:
-                    data[TASK_INDEX_KEY_NAME] = row[TASK_INDEX_KEY_NAME]
-                if ROLLOUT_INDEX_KEY_NAME in row:
-                    data[ROLLOUT_INDEX_KEY_NAME] = row[ROLLOUT_INDEX_KEY_NAME]
-                return RolloutResult(row, result=data, agent_name=agent, attempts=outcome.attempts)
-        else:
-            text = body.decode("utf-8", errors="replace")
-            error_type = "HTTPError"
-            message = f"POST /run on agent `{agent}` answered HTTP {status}: {text}"
+    data, status, error_type, message = read_outcome(
+        outcome, step="/run", target=f"POST /run on agent `{agent}`", request_timeout_s=request_timeout_s
+    )
+    if data is not None:
+        if TASK_INDEX_KEY_NAME in row:
+            data[TASK_INDEX_KEY_NAME] = row[TASK_INDEX_KEY_NAME]
+        if ROLLOUT_INDEX_KEY_NAME in row:
+            data[ROLLOUT_INDEX_KEY_NAME] = row[ROLLOUT_INDEX_KEY_NAME]
+        return RolloutResult(row, result=data, agent_name=agent, attempts=outcome.attempts)
     if extra:  # our client was told to try once: its "after 1 attempt" would contradict `attempts`
         message = message.replace(" failed after 1 attempt:", " failed:")
     message = _truncate(message)
@@ -962,6 +944,31 @@ async def _collect(
         ):
             record_result(result, out, fails, outcome)
             display.update(result)
+
+
+def read_outcome(
+    outcome: Any, *, step: str, target: str, request_timeout_s: Optional[float]
+) -> tuple[Optional[dict], Optional[int], str, str]:
+    """What one retried call to our servers came to: `(answer, status, "", "")` for a 2xx JSON object, else
+    `(None, status or None, error_type, message)`: our deadline passed (`Timeout`), the call raised (transport
+    errors, unknown server id, ...: the exception's name), a non-2xx answer (`HTTPError`, with its body) or a 2xx
+    that is not a JSON object (`InvalidResponse`)."""
+    exc = outcome.error
+    if type(exc) is TimeoutError and request_timeout_s is not None:  # our deadline, not a client's own timeout
+        return None, None, "Timeout", f"{step} did not answer within {request_timeout_s} s"
+    if exc is not None:
+        return None, None, type(exc).__name__, str(exc) or repr(exc)
+    response = outcome.result
+    status, body = response.status_code, response.content
+    if not 200 <= status < 300:
+        return None, status, "HTTPError", f"{target} answered HTTP {status}: {body.decode('utf-8', errors='replace')}"
+    try:
+        data = orjson.loads(body)
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    except Exception as bad:
+        return None, status, "InvalidResponse", f"{step} answered {status} with {bad}"
+    return data, status, "", ""
 
 
 def record_result(result: RolloutResult, out: Any, fails: Any, tally: Any) -> None:

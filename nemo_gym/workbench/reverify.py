@@ -58,6 +58,7 @@ from nemo_gym.rollouts.collection import (
     InputProblem,
     InputValidationError,
     RolloutResult,
+    read_outcome,
     record_result,
     _agent_name_of,
     _key,
@@ -445,38 +446,22 @@ async def _reverify_one(
     outcome = await retry_policy.run(
         attempt, idempotent=True, label=lambda: f"POST {step} on resources server `{server}`"
     )
-    status: Optional[int] = None
-    exc = outcome.error
-    if type(exc) is TimeoutError and request_timeout_s is not None:
-        error_type, message = "Timeout", f"{step} did not answer within {request_timeout_s} s"
-    elif exc is not None:
-        # Each call was told to try once: the client's "after 1 attempt" would contradict `attempts`.
-        message = (str(exc) or repr(exc)).replace(" failed after 1 attempt:", " failed:")
-        error_type = type(exc).__name__
-    else:
-        response = outcome.result
-        status = response.status_code
-        body = response.content
-        if 200 <= status < 300:
-            try:
-                data = orjson.loads(body)
-                if not isinstance(data, dict):
-                    raise ValueError(f"a JSON {type(data).__name__}, not an object")
-                reward = data.get(REWARD_KEY_NAME)
-                if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-                    raise ValueError(f"no numeric `reward` (got {reward!r})")
-            except Exception as bad:
-                error_type, message = "InvalidResponse", f"POST /verify on resources server `{server}` answered {bad}"
-            else:
-                new = {**row, **data}
-                new[PREVIOUS_REWARD_KEY_NAME] = row.get(REWARD_KEY_NAME)
-                new[TASK_INDEX_KEY_NAME] = row[TASK_INDEX_KEY_NAME]
-                new[ROLLOUT_INDEX_KEY_NAME] = row[ROLLOUT_INDEX_KEY_NAME]
-                return RolloutResult(row, result=new, server=server, attempts=outcome.attempts)
+    data, status, error_type, message = read_outcome(
+        outcome, step=step, target=f"POST {step} on resources server `{server}`", request_timeout_s=request_timeout_s
+    )
+    # Each call was told to try once: the client's "after 1 attempt" would contradict `attempts`.
+    message = message.replace(" failed after 1 attempt:", " failed:")
+    if data is not None:
+        reward = data.get(REWARD_KEY_NAME)
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            error_type = "InvalidResponse"
+            message = f"POST /verify on resources server `{server}` answered no numeric `reward` (got {reward!r})"
         else:
-            text = body.decode("utf-8", errors="replace")
-            error_type = "HTTPError"
-            message = f"POST {step} on resources server `{server}` answered HTTP {status}: {text}"
+            new = {**row, **data}
+            new[PREVIOUS_REWARD_KEY_NAME] = row.get(REWARD_KEY_NAME)
+            new[TASK_INDEX_KEY_NAME] = row[TASK_INDEX_KEY_NAME]
+            new[ROLLOUT_INDEX_KEY_NAME] = row[ROLLOUT_INDEX_KEY_NAME]
+            return RolloutResult(row, result=new, server=server, attempts=outcome.attempts)
     return RolloutResult(
         row,
         error_type=error_type,
