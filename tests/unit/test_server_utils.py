@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 import threading
 import time
 from pathlib import Path
@@ -434,7 +435,13 @@ SERVER_APP = textwrap.dedent(
             app.post("/hello")(self.hello)
             app.post("/fail")(self.fail)
             app.post("/block")(self.block)
+            app.post("/wait")(self.wait)
             return app
+
+        async def wait(self) -> dict:
+            import asyncio
+            await asyncio.sleep(1.5)  # keeps the event loop free: /health answers meanwhile
+            return {}
 
         async def block(self, request: Request) -> dict:
             time.sleep(0.5)  # blocks this worker's event loop: a call arriving meanwhile goes to the other worker
@@ -571,6 +578,15 @@ def test_run_webserver_serves_on_the_passed_socket_and_exits_0_on_sigint(child):
     c.wait_ready()
     health = httpx.get(f"{c.url}/health").json()
     assert health == {"status": "ok", "name": "my_child", "in_flight": 0}  # no other request is being answered
+    # Three slow requests at once: /health counts them (ng_status's "in flight" per replica), then none again.
+    with ThreadPoolExecutor(3) as pool:
+        waits = [pool.submit(httpx.post, f"{c.url}/wait", json={}, timeout=30) for _ in range(3)]
+        counts = set()
+        while not all(w.done() for w in waits):
+            counts.add(httpx.get(f"{c.url}/health").json()["in_flight"])
+        assert all(w.result().status_code == 200 for w in waits)
+    assert 3 in counts and counts <= {0, 1, 2, 3}, counts
+    assert httpx.get(f"{c.url}/health").json()["in_flight"] == 0
 
     first = httpx.post(f"{c.url}/hello", json={})
     assert first.status_code == 200
