@@ -191,7 +191,25 @@ class Command:
             global_config=cfg if self.reads_config_files else None,
             initial_config=self.initial_config,
         )
-        return self.run(model.from_global_config(cfg))
+        try:
+            config = model.from_global_config(cfg)
+        except NeMoGymConfigError as exc:
+            raise self._with_argument_hint(exc) from None
+        return self.run(config)
+
+    def _with_argument_hint(self, exc: NeMoGymConfigError) -> NeMoGymConfigError:
+        """A missing parameter that has a shorter form (`-o OUT`, a bare word) says so where it is named."""
+        message = str(exc)
+        for name in dict.fromkeys((*self.positionals, *self.flags.values())):
+            alias = next((a for a, n in self.flags.items() if n == name), None)
+            form = f"`{alias} VALUE`" if alias else f"the {_ORDINALS[self.positionals.index(name)]} bare word"
+            missing = f"missing required parameter `+{name}=...`"
+            message = message.replace(missing, f"{missing} (or {form})")
+        if message == str(exc):
+            return exc
+        hinted = NeMoGymConfigError(message)
+        hinted.__dict__.update(exc.__dict__)
+        return hinted
 
     # ------------------------------------------------------------------------------------------------ help
     def help_text(self) -> str:
@@ -227,6 +245,9 @@ class Command:
         main.__name__ = self.name
         main.__doc__ = f"`{self.script}`: {self.summary}"
         return main
+
+
+_ORDINALS = ("first", "second", "third", "fourth", "fifth")
 
 
 def _literal(word: str) -> str:

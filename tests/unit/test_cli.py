@@ -384,8 +384,8 @@ def test_completions_of_parameters_and_verbs():
 
 class _FilesConfig(BaseNeMoGymCLIConfig):
     kind: str = "sft"
-    input_jsonl_fpath: "str | list[str]" = ""
-    output_fpath: str = ""
+    input_jsonl_fpath: "str | list[str]"
+    output_fpath: str
     min_reward: "float | None" = None
     browser: bool = True
 
@@ -415,6 +415,12 @@ def test_a_flag_without_its_value_or_an_unknown_flag_is_a_clear_error(capsys):
     assert "-o needs a value" in capsys.readouterr().err
     assert _files_command(seen).main(["sft", "a.jsonl", "--colour", "red"]) == 2
     assert "colour" in capsys.readouterr().err and not seen
+
+
+def test_a_missing_parameter_names_its_short_form(capsys):
+    assert _files_command([]).main(["sft"]) == 2
+    err = capsys.readouterr().err
+    assert "`+input_jsonl_fpath=...` (or the second bare word)" in err and "`+output_fpath=...` (or `-o VALUE`)" in err
 
 
 def test_usage_shows_positionals_and_flags():
