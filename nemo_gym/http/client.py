@@ -925,6 +925,17 @@ class Replicas:
         return url
 
 
+def _head_base_url(head: Any) -> str:
+    """`http://host:port` of the head server described by `head` (`host`/`port` as attributes or keys; default
+    127.0.0.1:11000). A wildcard bind address is reached on loopback."""
+    host = _get_field(head, "host") or "127.0.0.1"
+    port = _get_field(head, "port") or 11000
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    host = f"[{host}]" if ":" in str(host) and not str(host).startswith("[") else host
+    return f"http://{host}:{int(port)}"
+
+
 class ServerClient(RetryingClient):
     """Calls other servers of the stack by server id.
 
@@ -1009,13 +1020,7 @@ class ServerClient(RetryingClient):
         return int(cfg.get("num_replicas") or 1)
 
     def _head_url(self) -> str:
-        head = self.head_server_config or config_get(self.global_config_dict, "head_server") or {}
-        host = _get_field(head, "host") or "127.0.0.1"
-        port = _get_field(head, "port") or 11000
-        if host in ("0.0.0.0", "::"):
-            host = "127.0.0.1"
-        host = f"[{host}]" if ":" in str(host) and not str(host).startswith("[") else host
-        return f"http://{host}:{int(port)}"
+        return _head_base_url(self.head_server_config or config_get(self.global_config_dict, "head_server") or {})
 
     def _fetch_actor_bases(self, server_name: str, n: int) -> list[Optional[str]]:
         """Each replica's base URL as the head server lists it now (None: no address, e.g. restarting)."""
@@ -1132,8 +1137,7 @@ class ServerClient(RetryingClient):
                 head_server_config = {"host": "127.0.0.1", "port": 11000}
         host = _get_field(head_server_config, "host") or "127.0.0.1"
         port = _get_field(head_server_config, "port") or 11000
-        url_host = f"[{host}]" if ":" in str(host) and not str(host).startswith("[") else host
-        url = f"http://{url_host}:{int(port)}/global_config_dict_yaml"
+        url = _head_base_url(head_server_config) + "/global_config_dict_yaml"
         try:
             response = httpx.get(url, timeout=httpx.Timeout(30.0, connect=10.0), trust_env=False)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:

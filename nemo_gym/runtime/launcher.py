@@ -61,6 +61,34 @@ class ServerCrashed(RuntimeError):
     """A server process exited on its own. The message carries the last lines of its output."""
 
 
+def instance_record(
+    server: Any, *, host: Any, port: Any, url: Optional[str], pid: Optional[int], start_time: Any
+) -> dict[str, Any]:
+    """One replica's record on the head server's `/server_instances` (reference field names), for a local
+    process (`ServerProcess`) and a Ray actor replica (`RayReplica`) alike: where it listens is passed in, the
+    rest is read from the server's block and supervision state."""
+    spec = server.spec
+    return {
+        "process_name": spec.server_id,
+        "server_type": spec.server_type,
+        "name": spec.impl,
+        "dir_path": str(server.server_dir),
+        "entrypoint": str(spec.config.get("entrypoint")),
+        "host": host,
+        "port": port,
+        "url": url,
+        "pid": pid,
+        "config_path": spec.server_id,
+        "start_time": start_time,
+        "state": server.state,
+        "restarts": server.restarts,
+        "last_exit_code": server.last_exit_code,
+        "last_exit_time": server.last_exit_time,
+        "replica": server.replica,
+        "num_replicas": server.num_replicas,
+    }
+
+
 @dataclass
 class ServerProcess:
     spec: ServerInstanceSpec
@@ -103,25 +131,10 @@ class ServerProcess:
 
     def display(self) -> dict[str, Any]:
         """The instance record published on the head server's `/server_instances` (reference field names)."""
-        return {
-            "process_name": self.spec.server_id,
-            "server_type": self.spec.server_type,
-            "name": self.spec.impl,
-            "dir_path": str(self.server_dir),
-            "entrypoint": str(self.spec.config.get("entrypoint")),
-            "host": self.host,
-            "port": self.port,
-            "url": self.url,
-            "pid": self.popen.pid if self.popen else None,
-            "config_path": self.spec.server_id,
-            "start_time": self.start_time,
-            "state": self.state,
-            "restarts": self.restarts,
-            "last_exit_code": self.last_exit_code,
-            "last_exit_time": self.last_exit_time,
-            "replica": self.replica,
-            "num_replicas": self.num_replicas,
-        }
+        return instance_record(
+            self, host=self.host, port=self.port, url=self.url, pid=self.popen.pid if self.popen else None,
+            start_time=self.start_time,
+        )
 
     def exit_report(self) -> str:
         """Which server exited, with what code (and why, when `ng_run` killed it), and its last output lines."""

@@ -236,28 +236,14 @@ class RayReplica:
             return None
 
     def display(self) -> dict[str, Any]:
+        from nemo_gym.runtime.launcher import instance_record
+
         info = self.info
-        return {
-            "process_name": self.spec.server_id,
-            "server_type": self.spec.server_type,
-            "name": self.spec.impl,
-            "dir_path": str(self.server_dir),
-            "entrypoint": str(self.spec.config.get("entrypoint")),
-            "host": info.get("host"),
-            "port": info.get("port"),
-            "url": self.url if self.state != "failed" else None,
-            "pid": info.get("pid"),
-            "config_path": self.spec.server_id,
-            "start_time": info.get("start_time"),
-            "state": self.state,
-            "restarts": self.restarts,
-            "last_exit_code": self.last_exit_code,
-            "last_exit_time": self.last_exit_time,
-            "replica": self.replica,
-            "num_replicas": self.num_replicas,
-            "node_id": info.get("node_id"),
-            "ray_actor": True,
-        }
+        record = instance_record(
+            self, host=info.get("host"), port=info.get("port"), url=self.url if self.state != "failed" else None,
+            pid=info.get("pid"), start_time=info.get("start_time"),
+        )
+        return {**record, "node_id": info.get("node_id"), "ray_actor": True}
 
 
 

@@ -54,6 +54,7 @@ from nemo_gym.rollouts.collection import (
     MAX_REPORTED_PROBLEMS,
     ROLLOUT_INDEX_KEY_NAME,
     TASK_INDEX_KEY_NAME,
+    CollectionOutcome,
     CollectionPaths,
     InputProblem,
     InputValidationError,
@@ -591,20 +592,13 @@ def print_diff(diff: RewardDiff) -> None:
 # The command
 
 
-@dataclass
-class _Counts:
-    total: int = 0
-    cached: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    failure_types: dict[str, int] = field(default_factory=dict)
-
-
-def _open_output(config: ReverifyConfig, checked: CheckedRollouts, paths: CollectionPaths) -> tuple[_Counts, Any]:
+def _open_output(
+    config: ReverifyConfig, checked: CheckedRollouts, paths: CollectionPaths
+) -> tuple[CollectionOutcome, Any]:
     """Resume from the output (a torn last line cut off) or start it afresh; the old failures go either way.
     Returns the counts so far and the (task, rollout) keys already done."""
     output = paths.output
-    counts = _Counts(total=checked.num_rows)
+    counts = CollectionOutcome(total=checked.num_rows)
     finished: Any = None
     output.parent.mkdir(parents=True, exist_ok=True)
     if config.resume_from_cache and output.exists():
@@ -633,7 +627,7 @@ def _verify_rows(
     routing: VerifierRouting,
     input_path: Path,
     paths: CollectionPaths,
-    counts: _Counts,
+    counts: CollectionOutcome,
     finished: Any,
 ) -> bool:
     """Re-verify the rows not in `finished`, appending to the output and the failures file; False if interrupted."""
@@ -669,7 +663,7 @@ def _verify_rows(
     return True
 
 
-def _report(config: ReverifyConfig, paths: CollectionPaths, counts: _Counts, completed: bool) -> int:
+def _report(config: ReverifyConfig, paths: CollectionPaths, counts: CollectionOutcome, completed: bool) -> int:
     """Print the outcome and the diff; returns the exit code."""
     if not completed:
         _err(
