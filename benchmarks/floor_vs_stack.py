@@ -12,17 +12,19 @@ in-flight level it drives the floor, then the stack, with the same load generato
 - the stack's CPU ms per rollout per process (agent, model proxy, resources), and for reference the fake LLM's
   and the load generator's under each (on 2 cores they bound the floor's rollouts/s).
 
-Levels alternate between floor and stack so both see the same background load. The 2 cores are shared by the
+Runs alternate between floor and stack so both see the same background load, `--repeats` times per level; the
+table shows each figure's median, and the spread of the runs' totals is printed below it. The 2 cores are shared by the
 servers, the fake LLM and the load generator, so rollouts/s is a lower bound on a busy machine; CPU per rollout is
 the steadier figure.
 
-    python benchmarks/floor_vs_stack.py --in-flight 1,16,256,1024 --rollouts 2000
+    python benchmarks/floor_vs_stack.py --in-flight 1,16,256,1024 --rollouts 2000 --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -53,6 +55,15 @@ def measure(procs: dict, backend: psutil.Process, url: str, row: dict, total: in
             "llm": (cpu_seconds(backend) - backend0) * 1000 / total, "driver": (cpu_seconds(me) - driver0) * 1000 / total}
 
 
+def median_run(runs: list[dict]) -> dict:
+    """Each figure's median over repeated runs (per process too): one noisy run does not decide a ratio."""
+    middle = statistics.median
+    return {"rps": middle(r["rps"] for r in runs), "cpu": middle(r["cpu"] for r in runs),
+            "per_process": {k: middle(r["per_process"][k] for r in runs) for k in runs[0]["per_process"]},
+            "failures": sum(r["failures"] for r in runs), "llm": middle(r["llm"] for r in runs),
+            "driver": middle(r["driver"] for r in runs), "spread": (min(r["cpu"] for r in runs), max(r["cpu"] for r in runs))}
+
+
 def role(process_name: str) -> str:
     return "agent" if process_name == AGENT else "model" if "model" in process_name else "resources"
 
@@ -64,6 +75,8 @@ def main() -> None:
     parser.add_argument("--sequential", type=int, default=None, help="rollouts at 1 in flight (default: --rollouts)")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="fake LLM latency per call")
     parser.add_argument("--pool", type=int, default=64, help="floor: keep-alive connections per peer, at most")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs per level, floor and stack alternating; the table shows medians")
     args = parser.parse_args()
     levels = [int(x) for x in args.in_flight.split(",") if x]
 
@@ -86,17 +99,19 @@ def main() -> None:
             results = []
             for level in levels:
                 total = max(args.sequential or args.rollouts, 1) if level == 1 else max(args.rollouts, level)
-                r = {"level": level, "total": total}
-                for name, (url, procs) in runs.items():
-                    r[name] = measure(procs, backend_proc, url, row, total, level)
-                    time.sleep(0.5)
-                results.append(r)
+                samples: dict = {name: [] for name in runs}
+                for _ in range(args.repeats):
+                    for name, (url, procs) in runs.items():
+                        samples[name].append(measure(procs, backend_proc, url, row, total, level))
+                        time.sleep(0.5)
+                results.append({"level": level, "total": total, **{n: median_run(s) for n, s in samples.items()}})
                 print(f"  done: {level} in flight", file=sys.stderr, flush=True)
         finally:
             stop_floor(floor)
             stack.stop(timeout=60)
 
-    print(f"fake LLM latency {args.latency_ms:g} ms; CPU = ms per rollout, user+system, of the 3 server processes")
+    print(f"fake LLM latency {args.latency_ms:g} ms; CPU = ms per rollout, user+system, of the 3 server processes; "
+          f"medians of {args.repeats} runs per level")
     print(f"{'in flight':>9} {'rollouts':>8} | {'floor CPU':>9} {'stack CPU':>9} {'ratio':>6} | {'floor r/s':>9} "
           f"{'stack r/s':>9} {'ratio':>6} | {'agent':>6} {'model':>6} {'resrc':>6} | {'LLM f/s':>11} {'driver f/s':>11} {'fail f/s':>8}")
     for r in results:
@@ -105,6 +120,11 @@ def main() -> None:
         print(f"{r['level']:>9} {r['total']:>8} | {f['cpu']:>9.2f} {s['cpu']:>9.2f} {s['cpu'] / f['cpu']:>5.1f}x | "
               f"{f['rps']:>9.0f} {s['rps']:>9.0f} {f['rps'] / s['rps']:>5.1f}x | {p['agent']:>6.2f} {p['model']:>6.2f} "
               f"{p['resources']:>6.2f} | {f['llm']:>5.2f}/{s['llm']:<5.2f} {f['driver']:>5.2f}/{s['driver']:<5.2f} {f['failures']:>4}/{s['failures']:<3}")
+    print("per process, floor -> stack (CPU ms per rollout), and the spread of the runs' totals:")
+    for r in results:
+        f, s = r["floor"]["per_process"], r["stack"]["per_process"]
+        print(f"{r['level']:>9} | " + "  ".join(f"{n} {f[n]:.2f} -> {s[n]:.2f} ({s[n] / f[n]:.1f}x)" for n in ("agent", "model", "resources"))
+              + f" | floor {r['floor']['spread'][0]:.2f}..{r['floor']['spread'][1]:.2f}, stack {r['stack']['spread'][0]:.2f}..{r['stack']['spread'][1]:.2f}")
     print("ratio: stack CPU / floor CPU, floor rollouts/s / stack rollouts/s; agent/model/resrc: the stack's CPU "
           "per process; LLM, driver: CPU ms per rollout of the fake LLM and of the load generator under floor / stack")
 

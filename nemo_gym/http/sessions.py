@@ -46,7 +46,6 @@ import os
 import secrets
 import threading
 from typing import Any, Optional
-from uuid import uuid4
 
 import orjson
 
@@ -108,6 +107,14 @@ def export_session_secret_to_env() -> None:
     """Put this launch's secret into the environment so uvicorn workers spawned next share it (each worker
     must accept cookies minted by its siblings). Workers drop it from their environment on first use."""
     os.environ[SESSION_SECRET_ENV_VAR_NAME] = get_session_secret().hex()
+
+
+def new_session_id() -> str:
+    """A random version-4 UUID as 32 hex digits (what `uuid4().hex` gives, without building a `UUID`)."""
+    data = bytearray(os.urandom(16))
+    data[6] = (data[6] & 0x0F) | 0x40
+    data[8] = (data[8] & 0x3F) | 0x80
+    return data.hex()
 
 
 def _b64encode(data: bytes) -> bytes:
@@ -222,6 +229,8 @@ class SessionCookieMiddleware:
     can carry the sessions of several servers). `secret` defaults to this launch's random secret.
     """
 
+    direct_role = "session"  # HotRoutes.answer does this layer's work itself with `open` and `cookie`
+
     def __init__(
         self,
         app: Any,
@@ -279,49 +288,58 @@ class SessionCookieMiddleware:
                     unknown = True
         return {}, None, None, unknown
 
+    def open(self, scope: dict) -> Optional[tuple[Optional[bytes], Optional[bytes]]]:
+        """Put the request's session into `scope["session"]` (a new one with a fresh `session_id` when the request
+        has no valid cookie). Returns what `cookie` needs (the raw cookie value and its decoded JSON), or None
+        when the request must be refused (see `_refuse`)."""
+        session, raw, data, unknown = self._load(scope["headers"])
+        if unknown and self.refuse_unknown_cookies and scope["type"] == "http" and scope["path"] not in self.seed_paths:
+            return None
+        if SESSION_ID_KEY not in session:
+            session[SESSION_ID_KEY] = new_session_id()
+        scope["session"] = session
+        return raw, data
+
+    def cookie(self, session: dict, opened: tuple[Optional[bytes], Optional[bytes]]) -> bytes:
+        """The `Set-Cookie` value for `session` as the handler left it (`opened`: what `open` returned)."""
+        if not session:  # the handler cleared the session
+            return self._delete_value
+        raw, data = opened
+        if self.replica is not None and session.get(REPLICA_KEY) != self.replica:
+            session[REPLICA_KEY] = self.replica
+        dumped = orjson.dumps(session)
+        if raw is not None and dumped == data:
+            value = raw  # unchanged: re-send the cookie we got, no second signature
+        else:
+            payload = _b64encode(dumped)
+            value = payload + b"." + _b64encode(self._mac.digest(self._name + b"|" + payload))
+        return self._name_eq + value + self._attrs
+
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         scope_type = scope["type"]
         if scope_type != "http" and scope_type != "websocket":
             await self.app(scope, receive, send)
             return
 
-        session, raw, data, unknown = self._load(scope["headers"])
-        replica = self.replica
-        if unknown and self.refuse_unknown_cookies and scope_type == "http" and scope["path"] not in self.seed_paths:
+        opened = self.open(scope)
+        if opened is None:
             await self._refuse(send)
             return
-        if SESSION_ID_KEY not in session:
-            session[SESSION_ID_KEY] = uuid4().hex
-        scope["session"] = session
-
         if scope_type != "http":
             await self.app(scope, receive, send)
             return
 
         async def send_with_cookie(message: dict) -> None:
             if message["type"] == "http.response.start":
-                current = scope["session"]
-                if current:
-                    if replica is not None and current.get(REPLICA_KEY) != replica:
-                        current[REPLICA_KEY] = replica
-                    dumped = orjson.dumps(current)
-                    if raw is not None and dumped == data:
-                        value = raw  # unchanged: re-send the cookie we got, no second signature
-                    else:
-                        payload = _b64encode(dumped)
-                        value = payload + b"." + _b64encode(self._mac.digest(self._name + b"|" + payload))
-                    cookie = self._name_eq + value + self._attrs
-                else:  # the handler cleared the session
-                    cookie = self._delete_value
                 headers = list(message.get("headers", ()))
-                headers.append((b"set-cookie", cookie))
+                headers.append((b"set-cookie", self.cookie(scope["session"], opened)))
                 message["headers"] = headers
             await send(message)
 
         await self.app(scope, receive, send_with_cookie)
 
-    async def _refuse(self, send: Any) -> None:
-        """409: the cookie names a session this process never issued (see the module docstring)."""
+    def refusal(self) -> tuple[int, list, bytes]:
+        """(status, headers, body) of the 409 for a cookie this process never issued (see the module docstring)."""
         body = orjson.dumps(
             {
                 "detail": f"session cookie {self.cookie_name!r} was not issued by this server process (it restarted "
@@ -329,11 +347,9 @@ class SessionCookieMiddleware:
                 "gone, so start the rollout again from /seed_session"
             }
         )
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 409,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
+        return 409, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body
+
+    async def _refuse(self, send: Any) -> None:
+        status, headers, body = self.refusal()
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

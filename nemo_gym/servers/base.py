@@ -176,6 +176,7 @@ class NeMoGymExceptionMiddleware:
     # Set by `serve` when only non-200 access lines are shown: they are then written here (uvicorn's handlers and
     # format, see `_access_log_by_middleware`), and the 200s cost no log record at all.
     log_non_200: ClassVar[bool] = False
+    direct_role: ClassVar[str] = "errors"  # HotRoutes.answer does this layer's work itself (servers/hot_routes.py)
 
     def __init__(self, app: Any, server_key: str) -> None:
         self.app = app
@@ -192,30 +193,35 @@ class NeMoGymExceptionMiddleware:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                if self.log_non_200 and message["status"] != 200:
-                    _log_access(scope, message["status"])
+                self.log_status(scope, message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, send_tracking)
         except Exception as exc:
-            body = self.describe(exc, scope, response_started=started)
-            if started:
+            answer = self.error_answer(exc, scope, response_started=started)
+            if answer is None:
                 return  # nothing we can send any more; the error is logged
-            content = orjson.dumps(body)
-            if self.log_non_200:
-                _log_access(scope, 500)
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 500,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(content)).encode("latin-1")),
-                    ],
-                }
-            )
+            status, headers, content = answer
+            await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": content})
+
+    def log_status(self, scope: dict, status: int) -> None:
+        """The access line of a response that is not a 200, when those are shown (see `log_non_200`)."""
+        if self.log_non_200 and status != 200:
+            _log_access(scope, status)
+
+    def error_answer(self, exc: Exception, scope: dict, *, response_started: bool) -> Optional[tuple[int, list, bytes]]:
+        """(status, headers, body) of the 500 for `exc`, its access line written; None once the response has
+        started (then only the log tells)."""
+        body = self.describe(exc, scope, response_started=response_started)
+        if response_started:
+            return None
+        content = orjson.dumps(body)
+        if self.log_non_200:
+            _log_access(scope, 500)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode("latin-1"))]
+        return 500, headers, content
 
     def describe(self, exc: Exception, scope: dict, *, response_started: bool = False) -> str:
         """The 500 body for `exc`; logs the error once."""
@@ -775,7 +781,8 @@ def _loop_choice() -> str:
 
 
 def _http_choice() -> Any:
-    """uvicorn's httptools protocol with one write per response (`servers/http_protocol.py`); plain httptools with
+    """uvicorn's httptools protocol with one write per response and a direct path for hot routes
+    (`servers/http_protocol.py`); plain httptools with
     `NEMO_GYM_HOT_ROUTES=0`; h11 without httptools."""
     try:
         import httptools  # noqa: F401
@@ -783,9 +790,9 @@ def _http_choice() -> Any:
         return "h11"
     if not _fast_serving():
         return "httptools"
-    from nemo_gym.servers.http_protocol import CoalescingHttpToolsProtocol
+    from nemo_gym.servers.http_protocol import NeMoGymHttpProtocol
 
-    return CoalescingHttpToolsProtocol
+    return NeMoGymHttpProtocol
 
 
 def _socket_from_env(env_name: str) -> Optional[socket.socket]:

@@ -150,6 +150,8 @@ class HotRoutes:
         self.app = app
         self.routes: dict[str, _HotRoute] = {}
         self.pipeline: Any = None
+        self.direct: Optional[_DirectLayers] = None  # our own middleware, when the direct path may do their work
+        self.raw_paths: dict[bytes, _HotRoute] = {}
         if not _app_is_plain(app, own_middleware):
             return
         for route in app.router.routes:
@@ -157,10 +159,14 @@ class HotRoutes:
             if hot is not None and route.path_format not in self.routes:
                 self.routes[route.path_format] = hot
         pipeline: Any = self._endpoint
+        layers = []
         for middleware in reversed(app.user_middleware):  # user_middleware[0] is the outermost
             cls, args, kwargs = middleware
             pipeline = cls(pipeline, *args, **kwargs)
+            layers.append(pipeline)
         self.pipeline = pipeline
+        self.direct = _DirectLayers.of(layers[::-1])
+        self.raw_paths = {path.encode("ascii"): hot for path, hot in self.routes.items() if path.isascii()}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -181,16 +187,30 @@ class HotRoutes:
             except ValidationError:  # FastAPI answers the 422 (and our handler logs it)
                 await self.app(scope, replay, send)
                 return
+        self._enter(scope, hot, body)
+        await self.pipeline(scope, replay, send)
+
+    def _enter(self, scope: dict, hot: _HotRoute, body: bytes) -> None:
+        """What FastAPI's routing puts into the scope of a request it hands to `hot`, and what we keep there."""
         scope["app"] = self.app
         scope["path_params"] = {}
         scope["route"] = hot.route
         scope["endpoint"] = hot.endpoint
         scope[_ROUTE_KEY] = hot
         scope[_BODY_KEY] = body
-        await self.pipeline(scope, replay, send)
 
     async def _endpoint(self, scope: dict, receive: Any, send: Any) -> None:
-        hot: _HotRoute = scope[_ROUTE_KEY]
+        result = await self._run_endpoint(scope[_ROUTE_KEY], scope, receive)
+        if isinstance(result, Response):
+            await result(scope, receive, send)
+            return
+        content = scope[_ROUTE_KEY].serialize(result)
+        await send({"type": "http.response.start", "status": scope[_ROUTE_KEY].status, "headers": _json_headers(content)})
+        await send({"type": "http.response.body", "body": content})
+
+    async def _run_endpoint(self, hot: _HotRoute, scope: dict, receive: Any) -> Any:
+        """The endpoint's return value, or the `Response` of the app's handler for what it raised (as FastAPI
+        picks it); an exception without a handler propagates."""
         kwargs: dict = {}
         request: Optional[Request] = None
         if hot.body_name is not None:
@@ -200,7 +220,7 @@ class HotRoutes:
             request._body = scope[_BODY_KEY]  # what Request.body() caches: no second read of the stream
             kwargs[hot.request_name] = request
         try:
-            result = await hot.endpoint(**kwargs)
+            return await hot.endpoint(**kwargs)
         except Exception as exc:
             handler = self._handler_for(exc)
             if handler is None:
@@ -210,20 +230,60 @@ class HotRoutes:
             response = handler(request, exc)
             if inspect.isawaitable(response):
                 response = await response
-            await response(scope, receive, send)
+            return response
+
+    # -- the direct path: a whole request in hand, answered in one call (servers/http_protocol.py) -----------
+
+    def route_for(self, raw_path: bytes) -> Optional[_HotRoute]:
+        """The hot route a request target names exactly (no query, no escapes), when the direct path may serve it."""
+        return self.raw_paths.get(raw_path) if self.direct is not None else None
+
+    async def answer(self, hot: _HotRoute, scope: dict, body: bytes, responder: Any) -> None:
+        """Answer a hot request whose whole body is in hand: what the ASGI path (middleware chain, `__call__`,
+        `_endpoint`) does, in one call, with the same answers, cookies, logs and error bodies. `responder` writes
+        a whole response (`respond(status, headers, body)`) or serves the request through uvicorn's own cycle
+        (`await asgi(app)`), which is where everything unusual goes: a body that is not valid JSON for the route
+        (FastAPI answers), a streamed request, an endpoint's streaming or background `Response`."""
+        direct: _DirectLayers = self.direct
+        if (direct.stream is not None and direct.stream.streams(scope["path"], body)) or (
+            hot.validate is not None and (not body or not _is_json(scope["headers"]))
+        ):
+            await responder.asgi(self)
             return
-        if isinstance(result, Response):
-            await result(scope, receive, send)
+        if hot.validate is not None:
+            try:
+                scope[_VALUE_KEY] = hot.validate(body)
+            except ValidationError:
+                await responder.asgi(self)
+                return
+        self._enter(scope, hot, body)
+        errors, sessions = direct.errors, direct.sessions
+        try:
+            opened = None
+            if sessions is not None:
+                opened = sessions.open(scope)
+                if opened is None:
+                    status, headers, content = sessions.refusal()
+                    errors.log_status(scope, status)
+                    responder.respond(status, headers, content)
+                    return
+            result = await self._run_endpoint(hot, scope, responder.receive)
+            if isinstance(result, Response):
+                if type(result).__call__ is not Response.__call__ or result.background is not None:
+                    await responder.asgi(_SendResponse(result, errors, sessions, opened))
+                    return
+                status, headers, content = result.status_code, list(result.raw_headers), result.body
+            else:
+                status, content = hot.status, hot.serialize(result)
+                headers = _json_headers(content)
+            if sessions is not None:
+                headers.append((b"set-cookie", sessions.cookie(scope["session"], opened)))
+        except Exception as exc:
+            status, headers, content = errors.error_answer(exc, scope, response_started=False)
+            responder.respond(status, headers, content)
             return
-        content = hot.serialize(result)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": hot.status,
-                "headers": [(b"content-length", str(len(content)).encode()), (b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": content})
+        errors.log_status(scope, status)
+        responder.respond(status, headers, content)
 
     def _handler_for(self, exc: Exception) -> Any:
         """The app's handler for `exc` (FastAPI's defaults unless the app replaced them), as FastAPI picks it."""
@@ -245,3 +305,63 @@ def _is_json(headers: Any) -> bool:
             media = value.split(b";", 1)[0].strip().lower()
             return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
     return False
+
+
+def _json_headers(content: bytes) -> list:
+    return [(b"content-length", str(len(content)).encode()), (b"content-type", b"application/json")]
+
+
+class _DirectLayers:
+    """Our own middleware, in the order `HotRoutes.answer` does their work: errors outermost, then sessions, then
+    the streaming adapter (each optional but the first)."""
+
+    __slots__ = ("errors", "sessions", "stream")
+
+    def __init__(self, errors: Any, sessions: Any, stream: Any) -> None:
+        self.errors = errors
+        self.sessions = sessions
+        self.stream = stream
+
+    @classmethod
+    def of(cls, layers: list) -> Optional["_DirectLayers"]:
+        """The layers (outermost first) when they are exactly ours in that order, else None (no direct path)."""
+        order = ("errors", "session", "stream")
+        roles = [getattr(type(layer), "direct_role", None) for layer in layers]
+        if not roles or roles[0] != "errors" or not set(roles) <= set(order) or roles != sorted(set(roles), key=order.index):
+            return None
+        by_role = dict(zip(roles, layers))
+        return cls(by_role["errors"], by_role.get("session"), by_role.get("stream"))
+
+
+class _SendResponse:
+    """The ASGI app that sends an endpoint's `Response` the direct path could not write in one piece (streaming,
+    background tasks) through uvicorn's cycle, with the session cookie, access line and error handling the
+    middleware would have given it."""
+
+    def __init__(self, response: Response, errors: Any, sessions: Any, opened: Any) -> None:
+        self.response = response
+        self.errors = errors
+        self.sessions = sessions
+        self.opened = opened
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        started = False
+
+        async def send_wrapped(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if self.sessions is not None:
+                    cookie = self.sessions.cookie(scope["session"], self.opened)
+                    message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
+                self.errors.log_status(scope, message["status"])
+            await send(message)
+
+        try:
+            await self.response(scope, receive, send_wrapped)
+        except Exception as exc:
+            answer = self.errors.error_answer(exc, scope, response_started=started)
+            if answer is not None:
+                status, headers, content = answer
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": content})

@@ -1,21 +1,38 @@
-"""uvicorn's httptools protocol, writing each response to the socket once instead of twice.
+"""uvicorn's httptools protocol, made cheaper for the many small JSON requests between a stack's servers.
 
-Why: uvicorn writes a response's status line and headers as soon as the app sends `http.response.start`, and the
-body in a second `write`. With `TCP_NODELAY` each write is its own send syscall and its own wake-up of the peer, so
-every small JSON answer between our servers cost two of each. Here the connection's transport gathers the writes
-made in one turn of the event loop and sends them together at the end of that turn (or at once past 64 KiB, so a
-large streamed body does not pile up). Nothing else changes: uvicorn's parsing, flow control, keep-alive and
-shutdown are its own; `close`, `write_eof` and `abort` send (or drop) what is pending first.
+Three things, each measured on the rollout hot path (`benchmarks/floor_vs_stack.py`):
+
+- **One write per response.** uvicorn writes a response's status line and headers as soon as the app sends
+  `http.response.start`, and the body in a second `write`. With `TCP_NODELAY` each write is its own send syscall
+  and its own wake-up of the peer. Here the connection's transport gathers the writes made in one turn of the
+  event loop and sends them together at the end of that turn (or at once past 64 KiB, so a large streamed body does
+  not pile up); `close`, `write_eof` and `abort` send (or drop) what is pending first.
+- **A direct path for hot routes** (`NeMoGymHttpProtocol`). A `POST` to one of `HotRoutes`' routes is not turned
+  into an ASGI cycle (scope events, `receive`/`send` messages, three middleware layers, uvicorn's response state
+  machine): its body is collected as it arrives and `HotRoutes.answer` writes the whole response at once. It gives
+  the same answers, cookies, access lines and error bodies (`tests/unit/test_hot_routes.py` compares them with
+  plain FastAPI); anything unusual is served by uvicorn's own cycle.
+- **One keep-alive timer per idle period.** uvicorn arms a timer after every response and cancels it when the
+  next request arrives; here the timer stays armed and re-arms itself until the connection has really been idle
+  for `timeout_keep_alive`.
+
+uvicorn's parsing, flow control, pipelining and shutdown stay its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Optional
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
-__all__ = ["CoalescingHttpToolsProtocol"]
+__all__ = ["CoalescingHttpToolsProtocol", "NeMoGymHttpProtocol"]
 
 FLUSH_AT_BYTES = 64 * 1024
 
@@ -42,6 +59,16 @@ class _CoalescingTransport:
         elif not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self._flush)
+
+    def write_now(self, data: bytes) -> None:
+        """Send what is pending and `data` at once (a whole response: nothing to wait for)."""
+        if self._pending:
+            self._pending.append(data)
+            data = b"".join(self._pending)
+            self._pending = []
+            self._size = 0
+        if not self._transport.is_closing():
+            self._transport.write(data)
 
     def writelines(self, chunks: Any) -> None:
         for chunk in chunks:
@@ -83,3 +110,254 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+
+class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
+    """uvicorn's httptools protocol, plus a direct path for hot routes (see `HotRoutes.answer`).
+
+    A `POST` to a hot route (exact path, no query, no `Expect: 100-continue`, not pipelined behind an unfinished
+    request) is not turned into an ASGI cycle: its body is collected as it arrives, then one task calls
+    `HotRoutes.answer`, which writes the whole response at once. Everything else is uvicorn's, untouched. The direct
+    path is off when uvicorn writes access lines itself, limits concurrency or serves under a root path."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from nemo_gym.servers.hot_routes import HotRoutes
+
+        app = self.app
+        direct = (
+            isinstance(app, HotRoutes)
+            and app.direct is not None
+            and not self.access_log
+            and self.limit_concurrency is None
+            and not self.root_path
+        )
+        self.hot_routes: Optional[HotRoutes] = app if direct else None
+        self.idle_since: Optional[float] = None  # when the last response finished; None while a request is open
+        self.keep_alive_timer: Optional[asyncio.TimerHandle] = None
+
+    # -- keep-alive: one timer per idle period (the module docstring) -------------------------------------------
+
+    def _unset_keepalive_if_required(self) -> None:
+        self.idle_since = None
+
+    def on_response_complete(self) -> None:
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            start = getattr(self, "_start_asgi_task", None)  # newer uvicorn; older ones start the task inline
+            if start is not None:
+                start(cycle, app)
+            else:
+                task = self.loop.create_task(cycle.run_asgi(app))
+                task.add_done_callback(self.tasks.discard)
+                self.tasks.add(task)
+            return
+        self.idle_since = self.loop.time()
+        if self.keep_alive_timer is None:
+            self.keep_alive_timer = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_due)
+
+    def _keep_alive_due(self) -> None:
+        self.keep_alive_timer = None
+        if self.idle_since is None or self.transport.is_closing():
+            return  # busy (the next response re-arms) or gone
+        left = self.idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self.keep_alive_timer = self.loop.call_later(left, self._keep_alive_due)
+        else:
+            self.timeout_keep_alive_handler()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if self.keep_alive_timer is not None:
+            self.keep_alive_timer.cancel()
+            self.keep_alive_timer = None
+        super().connection_lost(exc)
+
+    def on_headers_complete(self) -> None:
+        hot_routes = self.hot_routes
+        cycle = self.cycle
+        parser = self.parser
+        if (
+            hot_routes is not None
+            and (cycle is None or cycle.response_complete)
+            and not self.expect_100_continue
+            and parser.get_method() == b"POST"
+            and not parser.should_upgrade()
+        ):
+            route = hot_routes.route_for(self.url)
+            if route is not None:
+                scope = self.scope
+                scope["method"] = "POST"
+                version = parser.get_http_version()
+                if version != "1.1":
+                    scope["http_version"] = version
+                scope["path"] = route.route.path_format
+                scope["raw_path"] = self.url
+                scope["query_string"] = b""
+                self.cycle = _DirectCycle(self, scope, route, version != "1.0" and parser.should_keep_alive())
+                return
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if type(cycle) is _DirectCycle:
+            cycle.chunks.append(body)
+            return
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        cycle = self.cycle
+        if type(cycle) is _DirectCycle:
+            cycle.more_body = False
+            task = self.loop.create_task(cycle.run())
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+            return
+        super().on_message_complete()
+
+
+class _Signal:
+    """What uvicorn's protocol calls `message_event` on a cycle: set on disconnect; `wait` for that."""
+
+    __slots__ = ("future",)
+
+    def __init__(self) -> None:
+        self.future: Optional[asyncio.Future] = None
+
+    def set(self) -> None:
+        if self.future is not None and not self.future.done():
+            self.future.set_result(None)
+
+    async def wait(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.future is None:
+            self.future = loop.create_future()
+        await self.future
+
+
+class _DirectCycle:
+    """One request on the direct path: what uvicorn's protocol reads of its current cycle (`response_complete`,
+    `disconnected`, `keep_alive`, `message_event`), the body as it arrives, and the responder `HotRoutes.answer`
+    writes to."""
+
+    __slots__ = (
+        "protocol", "scope", "route", "chunks", "more_body", "keep_alive", "response_started", "response_complete",
+        "disconnected", "delegated", "message_event", "body_sent",
+    )
+
+    def __init__(self, protocol: NeMoGymHttpProtocol, scope: dict, route: Any, keep_alive: bool) -> None:
+        self.protocol = protocol
+        self.scope = scope
+        self.route = route
+        self.chunks: list[bytes] = []
+        self.more_body = True
+        self.keep_alive = keep_alive
+        self.response_started = False
+        self.response_complete = False
+        self.disconnected = False
+        self.delegated = False
+        self.body_sent = False
+        self.message_event = _Signal()
+
+    def body(self) -> bytes:
+        chunks = self.chunks
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def run(self) -> None:
+        """Answer the request; what escapes is handled as uvicorn handles what escapes an ASGI app."""
+        protocol = self.protocol
+        try:
+            await protocol.hot_routes.answer(self.route, self.scope, self.body(), self)  # type: ignore[union-attr]
+        except BaseException as exc:
+            if self.delegated:
+                return
+            protocol.logger.error("Exception in ASGI application\n", exc_info=exc)
+            if not self.response_started:
+                self._internal_error()
+            else:
+                protocol.transport.close()
+        else:
+            if not self.delegated and not self.response_started and not self.disconnected:
+                protocol.logger.error("ASGI callable returned without starting response.")
+                self._internal_error()
+
+    def _internal_error(self) -> None:
+        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
+        self.respond(500, headers, b"Internal Server Error")
+
+    async def receive(self) -> dict:
+        """The ASGI `receive` of this request: its body once, then `http.disconnect` when the client goes."""
+        if not self.body_sent and not self.disconnected:
+            self.body_sent = True
+            return {"type": "http.request", "body": self.body(), "more_body": False}
+        if not self.disconnected and not self.response_complete:
+            await self.message_event.wait(self.protocol.loop)
+        return {"type": "http.disconnect"}
+
+    def respond(self, status: int, headers: list, body: bytes) -> None:
+        """Write the whole response in one piece, then hand the connection back as uvicorn's cycle does."""
+        if self.response_started:
+            raise RuntimeError("the response was already sent")
+        if self.disconnected:
+            self.response_started = True
+            return
+        protocol = self.protocol
+        out = [STATUS_LINE[status]]
+        close_sent = False
+        length: Optional[int] = None
+        for name, value in (*protocol.server_state.default_headers, *headers):
+            if HEADER_RE.search(name):
+                raise RuntimeError("Invalid HTTP header name.")
+            if HEADER_VALUE_RE.search(value):
+                raise RuntimeError("Invalid HTTP header value.")
+            name = name.lower()
+            if name == b"content-length" and length is None:
+                length = int(value)
+            elif name == b"connection" and b"close" in [token.strip().lower() for token in value.split(b",")]:
+                self.keep_alive = False
+                close_sent = True
+            out += (name, b": ", value, b"\r\n")
+        if length is None and status not in (204, 304):
+            length = len(body)
+            out += (b"content-length: ", str(length).encode(), b"\r\n")
+        if length is not None and length != len(body):
+            raise RuntimeError("Response content longer than Content-Length" if len(body) > length
+                               else "Response content shorter than Content-Length")
+        if not self.keep_alive and not close_sent:
+            out.append(b"connection: close\r\n")
+        out += (b"\r\n", body)
+        self.response_started = True
+        protocol.transport.write_now(b"".join(out))  # type: ignore[attr-defined]
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            protocol.transport.close()
+        protocol.on_response_complete()
+
+    async def asgi(self, app: Any) -> None:
+        """Serve this request through uvicorn's own cycle with `app` (the body is in hand already)."""
+        protocol = self.protocol
+        self.delegated = True
+        body_ready = asyncio.Event()
+        body_ready.set()  # uvicorn's receive waits for it before handing out the body, which is all here
+        cycle = RequestResponseCycle(
+            scope=self.scope,  # type: ignore[arg-type]
+            transport=protocol.transport,
+            flow=protocol.flow,
+            logger=protocol.logger,
+            access_logger=protocol.access_logger,
+            access_log=protocol.access_log,
+            default_headers=protocol.server_state.default_headers,
+            message_event=body_ready,
+            expect_100_continue=False,
+            keep_alive=self.keep_alive,
+            on_response=protocol.on_response_complete,
+        )
+        cycle.body = self.body()  # type: ignore[assignment]
+        cycle.more_body = False
+        cycle.disconnected = self.disconnected
+        if protocol.cycle is self:
+            protocol.cycle = cycle
+        await cycle.run_asgi(app)

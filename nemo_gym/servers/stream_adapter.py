@@ -156,6 +156,12 @@ class StreamAdapter:
     Safe on the hot path: `HotRoutes` re-creates it around hot calls."""
 
     hot_routes_compatible = True
+    direct_role = "stream"  # HotRoutes.answer leaves to this layer only the requests `streams` picks
+
+    @staticmethod
+    def streams(path: str, body: bytes) -> bool:
+        """Whether this layer may have to answer a request (a streamed one) rather than pass it on."""
+        return path in _STREAMED and b'"stream"' in body
 
     def __init__(self, app: Any, server: Any = None) -> None:
         self.app = app

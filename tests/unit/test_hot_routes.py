@@ -1,16 +1,20 @@
-"""HotRoutes answers exactly as FastAPI does: the same server served both ways over real HTTP, compared."""
+"""HotRoutes answers exactly as FastAPI does: the same server served three ways over real HTTP (plain FastAPI,
+HotRoutes on uvicorn's protocol, HotRoutes' direct path on NeMoGymHttpProtocol), compared."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 from fastapi import Body, Depends, FastAPI, HTTPException, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
 from pydantic import BaseModel, ConfigDict
 
 from nemo_gym.http.client import ServerClient
 from nemo_gym.servers.base import SimpleServer, serving_app
 from nemo_gym.servers.hot_routes import HotRoutes
+from nemo_gym.servers.http_protocol import NeMoGymHttpProtocol
+from nemo_gym.testing.live_server import live_server as shared_live_server
 from tests.unit.test_server_utils import live_server, make_config
 
 
@@ -36,8 +40,13 @@ def needs_header(request: Request) -> str:
     return request.headers.get("x-extra", "")
 
 
+BACKGROUND_RUNS: list[str] = []
+
+
 class RouteZoo(SimpleServer):
     """One route per case the fast path must either serve like FastAPI or leave to FastAPI."""
+
+    refuse_unknown_session_cookies = True
 
     def setup_webserver(self) -> FastAPI:
         app = FastAPI()
@@ -55,6 +64,9 @@ class RouteZoo(SimpleServer):
         app.post("/with_dependency")(self.with_dependency)
         app.post("/sync")(self.sync)
         app.post("/status", status_code=201)(self.created)
+        app.post("/streamed")(self.streamed)
+        app.post("/background")(self.background)
+        app.post("/forget")(self.forget)
         return app
 
     async def model(self, body: Question) -> Answer:
@@ -98,6 +110,20 @@ class RouteZoo(SimpleServer):
     async def created(self, body: Question) -> Answer:
         return Answer(reward=2.0)
 
+    async def streamed(self, body: Question) -> StreamingResponse:
+        async def parts():
+            for i in range(body.n):
+                yield f"{body.text}{i};".encode()
+
+        return StreamingResponse(parts(), media_type="text/plain")
+
+    async def background(self, body: Question) -> Response:
+        return Response(b"later", background=BackgroundTask(BACKGROUND_RUNS.append, body.text))
+
+    async def forget(self, request: Request) -> dict:
+        request.session.clear()
+        return {"forgotten": True}
+
 
 def make_server() -> RouteZoo:
     config = make_config("zoo")
@@ -117,7 +143,9 @@ def test_foreign_middleware_or_handlers_turn_the_fast_path_off():
     async def stamp(request, call_next):  # pragma: no cover - never called here
         return await call_next(request)
 
-    assert HotRoutes(app, own_middleware=_own_middleware()).routes == {}
+    hot = HotRoutes(app, own_middleware=_own_middleware())
+    assert hot.routes == {} and hot.route_for(b"/model") is None
+    assert HotRoutes(make_server().build_app(), own_middleware=_own_middleware()).route_for(b"/model") is not None
     app = make_server().build_app()
     app.add_exception_handler(ValueError, lambda request, exc: Response(status_code=400))
     assert HotRoutes(app, own_middleware=_own_middleware()).routes == {}
@@ -152,44 +180,72 @@ CASES = [
     ("/status", {"json": {"text": "a"}}),
     ("/seed_session", {"json": {}}),
     ("/missing", {"json": {}}),
+    ("/streamed", {"json": {"text": "s", "n": 3}}),
+    ("/background", {"json": {"text": "b"}}),
+    ("/forget", {}),
+    ("/model", {"json": {"text": "abc"}, "cookies": {"RouteZoo___zoo": "e30.bm90IHNpZ25lZA"}}),  # 409: not ours
+    ("/seed_session", {"json": {}, "cookies": {"RouteZoo___zoo": "e30.bm90IHNpZ25lZA"}}),  # seeding is let through
+    ("/model?x=1", {"json": {"text": "query"}}),
+    ("/model", {"json": {"text": "closing"}, "headers": {"connection": "close"}}),
 ]
 
 
 @pytest.fixture(scope="module")
 def urls():
     server = make_server()
-    with live_server(server.build_app()) as fastapi_url, live_server(serving_app(server.build_app())) as hot_url:
-        yield fastapi_url, hot_url
+    with (
+        live_server(server.build_app()) as fastapi_url,
+        live_server(serving_app(server.build_app())) as hot_url,
+        shared_live_server(
+            serving_app(server.build_app()), http=NeMoGymHttpProtocol, proxy_headers=False
+        ) as direct_url,
+    ):
+        yield fastapi_url, hot_url, direct_url
 
 
 def _answer(url: str, path: str, kwargs: dict) -> tuple:
-    response = httpx.post(url + path, **kwargs)
+    kwargs = dict(kwargs)
+    with httpx.Client(cookies=kwargs.pop("cookies", None)) as client:
+        response = client.post(url + path, **kwargs)
     try:
         body = response.json()
     except ValueError:
         body = response.text
-    headers = {k: v for k, v in response.headers.items() if k in ("content-type", "x-mine")}
-    return response.status_code, body, headers, "set-cookie" in response.headers
+    headers = {k: v for k, v in response.headers.items() if k in ("content-type", "x-mine", "connection")}
+    cookie = response.headers.get("set-cookie")
+    cookie_shape = None if cookie is None else (cookie.split("=", 1)[0], cookie.split(";", 1)[1], "null;" in cookie)
+    return response.status_code, body, headers, cookie_shape
 
 
 @pytest.mark.parametrize("path, kwargs", CASES, ids=[f"{p} {i}" for i, (p, _) in enumerate(CASES)])
 def test_hot_and_fastapi_answers_are_the_same(urls, path, kwargs):
-    fastapi_url, hot_url = urls
-    hot, fastapi = _answer(hot_url, path, kwargs), _answer(fastapi_url, path, kwargs)
-    if path == "/bad_answer":  # FastAPI's message adds where the endpoint is defined; the error is the same
-        assert hot[0] == fastapi[0] == 500
-        assert hot[1].splitlines()[:2] == fastapi[1].splitlines()[:2]
-        assert hot[1].startswith("ResponseValidationError: 1 validation error")
-    else:
-        assert hot == fastapi
+    fastapi_url, hot_url, direct_url = urls
+    fastapi = _answer(fastapi_url, path, kwargs)
+    for answer in (_answer(hot_url, path, kwargs), _answer(direct_url, path, kwargs)):
+        if path == "/bad_answer":  # FastAPI's message adds where the endpoint is defined; the error is the same
+            assert answer[0] == fastapi[0] == 500
+            assert answer[1].splitlines()[:2] == fastapi[1].splitlines()[:2]
+            assert answer[1].startswith("ResponseValidationError: 1 validation error")
+        else:
+            assert answer == fastapi
 
 
-def test_sessions_work_the_same_on_the_fast_path(urls):
-    _, hot_url = urls
-    with httpx.Client(base_url=hot_url) as client:
+def test_background_tasks_run_on_the_direct_path(urls):
+    _, _, direct_url = urls
+    BACKGROUND_RUNS.clear()
+    assert httpx.post(direct_url + "/background", json={"text": "direct"}).text == "later"
+    assert BACKGROUND_RUNS == ["direct"]
+
+
+@pytest.mark.parametrize("which", [1, 2])
+def test_sessions_work_the_same_on_the_fast_path(urls, which):
+    with httpx.Client(base_url=urls[which]) as client:
         first = client.post("/session", json={"text": "a"}).json()
         second = client.post("/session", json={"text": "a"}).json()
+        assert client.post("/forget").json() == {"forgotten": True}
+        third = client.post("/session", json={"text": "a"}).json()
     assert second["session_id"] == first["session_id"] and second["seen"] == 2
+    assert third["session_id"] != first["session_id"] and third["seen"] == 1
 
 
 def test_serving_app_can_be_turned_off(monkeypatch):

@@ -1,16 +1,29 @@
-"""One write per response: the coalescing transport's rules, and uvicorn serving real requests through it."""
+"""One write per response: the coalescing transport's rules, and uvicorn serving real requests through it; the\ndirect path for hot routes and the keep-alive timer of NeMoGymHttpProtocol over raw sockets."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import time
 
 import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from pydantic import BaseModel
 
-from nemo_gym.servers.http_protocol import FLUSH_AT_BYTES, CoalescingHttpToolsProtocol, _CoalescingTransport
+from nemo_gym.http.client import ServerClient
+from nemo_gym.servers.base import SimpleServer, serving_app
+from nemo_gym.servers.hot_routes import HotRoutes
+from nemo_gym.servers.http_protocol import (
+    FLUSH_AT_BYTES,
+    CoalescingHttpToolsProtocol,
+    NeMoGymHttpProtocol,
+    _CoalescingTransport,
+)
 from nemo_gym.testing.live_server import live_server
+from tests.unit.test_server_utils import make_config
 
 
 class RecordingTransport:
@@ -126,3 +139,97 @@ def test_uvicorn_serves_through_it(url):
         assert streamed == b"".join((f"{i:04d}" * 2048).encode() for i in range(200))
         assert client.get("/bye").text == "bye"
         assert client.post("/echo", content="after close").text == "after close"  # a new connection
+
+
+# -- the direct path for hot routes, and keep-alive with one timer per idle period -------------------------
+
+
+class Note(BaseModel):
+    text: str
+
+
+class NoteServer(SimpleServer):
+    def setup_webserver(self) -> FastAPI:
+        app = FastAPI()
+        self.setup_session_middleware(app)
+
+        @app.post("/note")
+        async def note(body: Note, request: Request) -> dict:
+            return {"text": body.text, "session": request.session["session_id"]}
+
+        return app
+
+
+@pytest.fixture(scope="module")
+def direct_url():
+    server = NoteServer(config=make_config("notes"), server_client=ServerClient(head_server_config=None, global_config_dict={}))
+    hot = serving_app(server.build_app())
+    assert isinstance(hot, HotRoutes) and hot.route_for(b"/note") is not None
+    with live_server(hot, http=NeMoGymHttpProtocol, proxy_headers=False, timeout_keep_alive=1) as base_url:
+        yield base_url
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.split("://", 1)[1].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return sock
+
+
+def _read_responses(sock: socket.socket, count: int) -> list[tuple[int, dict, bytes]]:
+    """`count` whole responses (Content-Length bodies) read off `sock`."""
+    data, answers = b"", []
+    while len(answers) < count:
+        head_end = data.find(b"\r\n\r\n")
+        if head_end >= 0:
+            lines = data[:head_end].decode("latin-1").split("\r\n")
+            headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+            end = head_end + 4 + int(headers.get("content-length", 0))
+            if len(data) >= end:
+                answers.append((int(lines[0].split()[1]), headers, data[head_end + 4:end]))
+                data = data[end:]
+                continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed after {len(answers)} answers")
+        data += chunk
+    return answers
+
+
+def _post(text: str, version: str = "1.1") -> bytes:
+    body = json.dumps({"text": text}).encode()
+    return (f"POST /note HTTP/{version}\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def test_pipelined_requests_are_answered_in_order(direct_url):
+    with _connect(direct_url) as sock:
+        sock.sendall(_post("one") + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + _post("two") + _post("three"))
+        answers = _read_responses(sock, 4)
+    assert [status for status, _, _ in answers] == [200] * 4
+    assert [json.loads(answers[i][2])["text"] for i in (0, 2, 3)] == ["one", "two", "three"]
+    assert json.loads(answers[1][2])["status"] == "ok"
+
+
+def test_a_body_in_pieces_and_http_1_0(direct_url):
+    with _connect(direct_url) as sock:
+        request = _post("slow")
+        for i in range(0, len(request), 7):  # head and body arrive in many small pieces
+            sock.sendall(request[i:i + 7])
+            time.sleep(0.002)
+        [(status, headers, body)] = _read_responses(sock, 1)
+        assert status == 200 and json.loads(body)["text"] == "slow" and "set-cookie" in headers
+    with _connect(direct_url) as sock:
+        sock.sendall(_post("old", version="1.0"))
+        [(status, headers, body)] = _read_responses(sock, 1)
+        assert status == 200 and headers["connection"] == "close" and sock.recv(10) == b""
+
+
+def test_keep_alive_closes_only_really_idle_connections(direct_url):
+    with _connect(direct_url) as sock:
+        for i in range(8):  # busy for 1.6 s, longer than the 1 s keep-alive: never idle that long
+            sock.sendall(_post(f"n{i}"))
+            assert _read_responses(sock, 1)[0][0] == 200
+            time.sleep(0.2)
+        started = time.monotonic()
+        assert sock.recv(10) == b""  # then idle: closed by the server
+        assert time.monotonic() - started < 5
