@@ -323,8 +323,9 @@ def print_prep(results: dict) -> None:
     lo, hi = sizes[0], sizes[-1]
     print(f"peak ratio {_fmt_size(hi)}/{_fmt_size(lo)}: " + ", ".join(
         f"{k} {results[k][hi]['peak_mb'] / results[k][lo]['peak_mb']:.2f}x" for k in kinds))
-    print(f"growth per input row {_fmt_size(lo)}->{_fmt_size(hi)} (bytes): " + ", ".join(
-        f"{k} {((results[k][hi]['peak_mb'] - results[k][lo]['peak_mb']) * MB / (hi - lo)):.1f}" for k in kinds))
+    if hi > lo:
+        print(f"growth per input row {_fmt_size(lo)}->{_fmt_size(hi)} (bytes): " + ", ".join(
+            f"{k} {((results[k][hi]['peak_mb'] - results[k][lo]['peak_mb']) * MB / (hi - lo)):.1f}" for k in kinds))
     if 1_000_000 in sizes:
         print("1M-row preparation seconds: " + ", ".join(f"{k} {results[k][1_000_000]['seconds']:.1f}" for k in kinds))
 
