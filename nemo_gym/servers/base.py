@@ -744,11 +744,17 @@ def serving_app(app: FastAPI) -> Any:
     return HotRoutes(app, own_middleware=(SessionCookieMiddleware, NeMoGymExceptionMiddleware))
 
 
-def tune_gc_for_serving(gen0_threshold: int = 20_000) -> None:
+def tune_gc_for_serving(gen0_threshold: int = 100_000) -> None:
     """Move everything allocated at start-up (modules, models, the app) out of the collector's sight and make
-    young-generation collections rarer. With thousands of requests in flight, CPython's default thresholds make
-    the collector rescan the same long-lived objects over and over; measured on the client benchmark this cut
-    CPU per request by about half."""
+    young-generation collections rarer.
+
+    Why: the collector runs when the number of live container objects has grown by `gen0_threshold`, and then
+    walks every young object, most of which belong to requests still in flight. With thousands in flight,
+    CPython's default (700) made it rescan the same objects over and over (moving to 20,000 cut CPU per request
+    on the client benchmark by about half). The rollout path itself leaves no cyclic garbage (none found after
+    1,000 rollouts through a stack), so every collection there is pure overhead: at 1,024 in flight, 100,000
+    instead of 20,000 halved the time the three servers spent collecting (0.77 s to 0.43 s per 4,000
+    rollouts). Cycles an environment creates are still collected, after at most that many new objects."""
     import gc
 
     gc.collect()

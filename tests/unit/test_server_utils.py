@@ -674,3 +674,19 @@ def test_run_webserver_multiple_workers_share_the_socket_and_session_secret(chil
     assert "KeyboardInterrupt" not in c.output
     assert not any('" 200' in line for line in c.lines), c.output  # workers hide 200 access lines too
     assert any("Started server process" in line and line.startswith("(my_child) ") for line in c.lines)
+
+
+def test_serving_processes_freeze_start_up_objects_and_collect_young_ones_rarely():
+    """In a fresh interpreter (the collector's state is process-wide): start-up objects frozen, gen0 threshold raised,
+    and a cycle made afterwards is still collected."""
+    code = (
+        "import gc, weakref\n"
+        "from nemo_gym.servers.base import tune_gc_for_serving\n"
+        "tune_gc_for_serving()\n"
+        "class Node: pass\n"
+        "a, b = Node(), Node(); a.b, b.a = b, a; ref = weakref.ref(a); del a, b\n"
+        "gc.collect()\n"
+        "print(gc.get_threshold()[0], gc.get_freeze_count() > 1000, ref() is None)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["100000", "True", "True"]
