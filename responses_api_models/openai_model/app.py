@@ -28,7 +28,8 @@ from nemo_gym.openai_utils import (
     NeMoGymOpenAIError,
     NeMoGymResponseCreateParamsNonStreaming,
 )
-from nemo_gym.servers.stream_adapter import StreamRefused, upstream_sse
+from nemo_gym.http.sse_client import upstream_sse
+from nemo_gym.servers.stream_adapter import StreamRefused
 
 
 class SimpleModelServerConfig(BaseResponsesAPIModelConfig):

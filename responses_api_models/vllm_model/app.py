@@ -67,7 +67,8 @@ from nemo_gym.openai_utils import (
     NeMoGymResponseCreateParamsNonStreaming,
 )
 from nemo_gym.server_utils import SESSION_ID_KEY
-from nemo_gym.servers.stream_adapter import StreamRefused, upstream_sse
+from nemo_gym.http.sse_client import upstream_sse
+from nemo_gym.servers.stream_adapter import StreamRefused
 
 LOG = logging.getLogger("nemo_gym.vllm_model")
 
