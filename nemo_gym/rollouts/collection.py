@@ -74,6 +74,10 @@ __all__ = [
     "agent_names_in_config",
     "iter_rollouts",
     "run_from_config",
+    "rollout_key",
+    "agent_name_of",
+    "truncate_message",
+    "ProgressDisplay",
 ]
 
 TASK_INDEX_KEY_NAME = "_ng_task_index"
@@ -271,7 +275,8 @@ def iter_input_lines(lines: Iterable[Union[str, bytes]], limit: Optional[int] = 
             return
 
 
-def _agent_name_of(row: Mapping[str, Any]) -> Optional[str]:
+def agent_name_of(row: Mapping[str, Any]) -> Optional[str]:
+    """The agent a row names in `agent_ref.name`, or None."""
     ref = row.get("agent_ref")
     if type(ref) is dict or isinstance(ref, Mapping):
         name = ref.get("name")
@@ -347,7 +352,7 @@ class RowPreprocessor:
             except ValidationError as err:
                 details = "; ".join(format_validation_errors(err, key_prefix="responses_create_params")[:5])
                 raise _RowProblem(f"invalid responses_create_params: {details}") from None
-        name = _agent_name_of(row)
+        name = agent_name_of(row)
         if name is None:
             if self.agent_name:
                 ref = row.get("agent_ref")
@@ -494,7 +499,7 @@ def validate_materialized_file(
                 elif not isinstance(row.get("responses_create_params"), dict):
                     message = "missing `responses_create_params`"
                 else:
-                    name = _agent_name_of(row)
+                    name = agent_name_of(row)
                     if name is None:
                         message = "no agent (`agent_ref.name`)"
                     elif known is not None and name not in known:
@@ -521,7 +526,8 @@ def validate_materialized_file(
 # Resume bookkeeping
 
 
-def _key(task: int, rollout: int) -> int:
+def rollout_key(task: int, rollout: int) -> int:
+    """One int for a (task index, rollout index) pair: what finished-rollout sets hold."""
     return (task << 32) | rollout
 
 
@@ -575,7 +581,7 @@ def read_finished_keys(path: Path, into: Any = None) -> tuple[Any, int]:
     for row in iter_jsonl_objects(path, count_bad, tell):
         task, rollout = row.get(TASK_INDEX_KEY_NAME), row.get(ROLLOUT_INDEX_KEY_NAME)
         if isinstance(task, int) and isinstance(rollout, int):
-            keys.add(_key(task, rollout))
+            keys.add(rollout_key(task, rollout))
         else:
             bad += 1
     return keys, bad
@@ -592,7 +598,7 @@ def iter_pending_rows(
             if not line:
                 continue
             row = orjson.loads(line)
-            if finished and _key(row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]) in finished:
+            if finished and rollout_key(row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]) in finished:
                 continue
             if shard is not None and row[TASK_INDEX_KEY_NAME] not in shard:
                 continue
@@ -660,7 +666,8 @@ def _failing_server(message: str, agent: str) -> str:
     return names[-1] if names else agent
 
 
-def _truncate(text: str, limit: int = _MESSAGE_LIMIT) -> str:
+def truncate_message(text: str, limit: int = _MESSAGE_LIMIT) -> str:
+    """`text` cut to `limit` characters for a failure record or a message, marked when cut."""
     return text if len(text) <= limit else text[:limit] + "...[truncated]"
 
 
@@ -672,7 +679,7 @@ async def _run_one(
     request_timeout_s: Optional[float],
     retry_policy: RetryPolicy,
 ) -> RolloutResult:
-    agent = _agent_name_of(row) or agent_name
+    agent = agent_name_of(row) or agent_name
     if not agent:
         return RolloutResult(
             row, error_type="NoAgent", message="the row has no agent_ref.name and no agent_name was given", attempts=0
@@ -699,7 +706,7 @@ async def _run_one(
         return RolloutResult(row, result=data, agent_name=agent, attempts=outcome.attempts)
     if extra:  # our client was told to try once: its "after 1 attempt" would contradict `attempts`
         message = message.replace(" failed after 1 attempt:", " failed:")
-    message = _truncate(message)
+    message = truncate_message(message)
     return RolloutResult(
         row,
         error_type=error_type,
@@ -779,7 +786,7 @@ async def iter_rollouts(
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a bug, not a rollout failure: still data, never a hang
-                result = RolloutResult(row, error_type=type(exc).__name__, message=_truncate(str(exc)), attempts=1)
+                result = RolloutResult(row, error_type=type(exc).__name__, message=truncate_message(str(exc)), attempts=1)
             await out_q.put(result)
 
     async def put(row: Any) -> None:
@@ -848,7 +855,7 @@ def agent_names_in_config(cfg: Any) -> list[str]:
     return names
 
 
-class _ProgressDisplay:
+class ProgressDisplay:
     """The live bar on stderr: done / failed / rollouts per second / mean reward so far / ETA."""
 
     def __init__(self, total: int, already_done: int, enabled: bool) -> None:
@@ -928,7 +935,7 @@ async def _collect(
     server_client: Any,
     rows: Iterable[dict],
     paths: CollectionPaths,
-    display: _ProgressDisplay,
+    display: ProgressDisplay,
     outcome: CollectionOutcome,
 ) -> None:
     with open(paths.output, "ab") as out, open(paths.failures, "ab") as fails:
@@ -1104,7 +1111,7 @@ def run_from_config(
                 cached += 1
     outcome.cached = cached
 
-    display = _ProgressDisplay(total, cached, enabled=config.progress_bar)
+    display = ProgressDisplay(total, cached, enabled=config.progress_bar)
     interrupted = False
     try:
         asyncio.run(
@@ -1146,7 +1153,7 @@ def run_from_config(
 def iter_materialized_keys(materialized_path: Path) -> Iterator[int]:
     """The packed (task, rollout) key of every row of a materialized-inputs file."""
     for task, rollout in iter_materialized_pairs(materialized_path):
-        yield _key(task, rollout)
+        yield rollout_key(task, rollout)
 
 
 def iter_materialized_pairs(materialized_path: Path) -> Iterator[tuple[int, int]]:

@@ -61,10 +61,10 @@ from nemo_gym.rollouts.collection import (
     RolloutResult,
     read_outcome,
     record_result,
-    _agent_name_of,
-    _key,
-    _ProgressDisplay,
-    _truncate,
+    agent_name_of,
+    rollout_key,
+    ProgressDisplay,
+    truncate_message,
     check_output_paths,
     iter_input_lines,
     read_finished_keys,
@@ -306,7 +306,7 @@ def check_rollouts_file(
         seen = FinishedRollouts(RolloutKeySpace.from_pairs(checked.pairs))
         first_line: dict[int, int] = {}
         for (task, rollout), lineno in zip(checked.pairs(), lines):
-            key = _key(task, rollout)
+            key = rollout_key(task, rollout)
             if key in seen:
                 if not first_line:  # a second pass finds where the first copies are (rare: only on errors)
                     first_line = _first_lines_of(checked, lines)
@@ -326,7 +326,7 @@ def check_rollouts_file(
 def _first_lines_of(checked: CheckedRollouts, lines: array) -> dict[int, int]:
     first: dict[int, int] = {}
     for (task, rollout), lineno in zip(checked.pairs(), lines):
-        first.setdefault(_key(task, rollout), lineno)
+        first.setdefault(rollout_key(task, rollout), lineno)
     return first
 
 
@@ -466,10 +466,10 @@ async def _reverify_one(
     return RolloutResult(
         row,
         error_type=error_type,
-        message=_truncate(message),
+        message=truncate_message(message),
         status_code=status,
         server=server,
-        agent_name=_agent_name_of(row),
+        agent_name=agent_name_of(row),
         attempts=outcome.attempts,
     )
 
@@ -484,7 +484,7 @@ def _iter_pending(
                 row, server = _parse_row(line, routing)
             except _RowProblem as exc:  # the file changed since it was checked
                 raise InputValidationError([InputProblem(str(path), lineno, str(exc))]) from None
-            if finished and _key(row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]) in finished:
+            if finished and rollout_key(row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]) in finished:
                 continue
             yield _Pending(row, server)
 
@@ -501,7 +501,7 @@ async def _run_all(
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a bug, not a verifier failure: still data, never a hang
-                result = RolloutResult(item.row, error_type=type(exc).__name__, message=_truncate(str(exc)), attempts=1)
+                result = RolloutResult(item.row, error_type=type(exc).__name__, message=truncate_message(str(exc)), attempts=1)
             on_result(result)
 
     await asyncio.gather(*(worker() for _ in range(limit)))
@@ -608,7 +608,7 @@ def _open_output(
         finished, bad = read_finished_keys(output, into=FinishedRollouts(RolloutKeySpace.from_pairs(checked.pairs)))
         if bad:
             _err(f"Warning: {bad} unreadable line(s) in {output} were ignored.")
-        counts.cached = sum(1 for t, r in checked.pairs() if _key(t, r) in finished) if finished else 0
+        counts.cached = sum(1 for t, r in checked.pairs() if rollout_key(t, r) in finished) if finished else 0
         if counts.cached:
             _err(
                 f"Resuming: {counts.cached} rollouts already in {output} are kept; re-verifying the other "
@@ -633,7 +633,7 @@ def _verify_rows(
     """Re-verify the rows not in `finished`, appending to the output and the failures file; False if interrupted."""
     from nemo_gym.http.retry import RetryPolicy
 
-    display = _ProgressDisplay(counts.total, counts.cached, enabled=config.progress_bar)
+    display = ProgressDisplay(counts.total, counts.cached, enabled=config.progress_bar)
     policy = RetryPolicy(config.max_attempts, config.retry_backoff_s, config.retry_backoff_max_s)
     limit = min(int(config.num_samples_in_parallel or DEFAULT_MAX_IN_FLIGHT), max(1, counts.total - counts.cached))
 

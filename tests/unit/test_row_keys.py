@@ -15,7 +15,7 @@ import pytest
 from nemo_gym.rollouts.collection import (
     CollectionPaths,
     RolloutCollectionConfig,
-    _key,
+    rollout_key,
     iter_materialized_rows,
     iter_pending_rows,
     read_finished_keys,
@@ -144,8 +144,8 @@ def test_indices_that_no_materialization_writes_fall_back_to_a_set(pairs):
     assert space.layout == "sparse"
     finished = FinishedRollouts(space)
     for t, r in pairs:
-        finished.add(_key(t, r))
-    assert all(_key(t, r) in finished for t, r in pairs) and len(finished) == len(set(pairs))
+        finished.add(rollout_key(t, r))
+    assert all(rollout_key(t, r) in finished for t, r in pairs) and len(finished) == len(set(pairs))
 
 
 @pytest.mark.parametrize(
@@ -158,15 +158,15 @@ def test_indices_that_no_materialization_writes_fall_back_to_a_set(pairs):
 def test_finished_bitmap_behaves_like_the_set_of_keys_of_these_rows(pairs):
     rng = random.Random(1)
     finished = FinishedRollouts(space_of(pairs))
-    chosen = {_key(t, r) for t, r in pairs if rng.random() < 0.5}
+    chosen = {rollout_key(t, r) for t, r in pairs if rng.random() < 0.5}
     for k in list(chosen) * 2:  # added twice: counted once
         finished.add(k)
-    finished.add(_key(999, 0))  # not a row: ignored
-    finished.add(_key(0, 999))
+    finished.add(rollout_key(999, 0))  # not a row: ignored
+    finished.add(rollout_key(0, 999))
     assert len(finished) == len(chosen) and bool(finished) == bool(chosen)
     assert set(finished) == chosen
-    assert [_key(t, r) in finished for t, r in pairs] == [_key(t, r) in chosen for t, r in pairs]
-    assert _key(999, 0) not in finished and "x" not in finished
+    assert [rollout_key(t, r) in finished for t, r in pairs] == [rollout_key(t, r) in chosen for t, r in pairs]
+    assert rollout_key(999, 0) not in finished and "x" not in finished
 
 
 def test_pending_rows_with_the_bitmap_are_those_with_the_set(tmp_path):
@@ -237,7 +237,7 @@ def test_finished_keys_cost_a_bit_per_row_not_a_set_entry():
     try:
         finished = FinishedRollouts(space)
         for i in range(rows):
-            finished.add(_key(i // 2, i % 2))
+            finished.add(rollout_key(i // 2, i % 2))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
