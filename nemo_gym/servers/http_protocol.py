@@ -31,6 +31,7 @@ from uvicorn.protocols.http.httptools_impl import (
     HttpToolsProtocol,
     RequestResponseCycle,
 )
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 __all__ = ["CoalescingHttpToolsProtocol", "NeMoGymHttpProtocol"]
 
@@ -117,8 +118,9 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
 
     A `POST` to a hot route (exact path, no query, no `Expect: 100-continue`, not pipelined behind an unfinished
     request) is not turned into an ASGI cycle: its body is collected as it arrives, then one task calls
-    `HotRoutes.answer`, which writes the whole response at once. Everything else is uvicorn's, untouched. The direct
-    path is off when uvicorn writes access lines itself, limits concurrency or serves under a root path."""
+    `HotRoutes.answer`, which writes the whole response at once (and the access line uvicorn would write, when its
+    access logger has handlers). Everything else is uvicorn's, untouched. The direct path is off when uvicorn limits
+    concurrency or serves under a root path."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -128,7 +130,6 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         direct = (
             isinstance(app, HotRoutes)
             and app.direct is not None
-            and not self.access_log
             and self.limit_concurrency is None
             and not self.root_path
         )
@@ -329,6 +330,10 @@ class _DirectCycle:
             out.append(b"connection: close\r\n")
         out += (b"\r\n", body)
         self.response_started = True
+        if protocol.access_log:  # the line uvicorn's cycle writes when the response starts
+            scope = self.scope
+            protocol.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(scope), scope["method"],
+                                        get_path_with_query_string(scope), scope["http_version"], status)
         protocol.transport.write_now(b"".join(out))  # type: ignore[attr-defined]
         self.response_complete = True
         self.message_event.set()

@@ -3,6 +3,7 @@ HotRoutes on uvicorn's protocol, HotRoutes' direct path on NeMoGymHttpProtocol),
 
 from __future__ import annotations
 
+import logging
 import time
 
 import httpx
@@ -214,11 +215,30 @@ def urls():
 DIRECT_ANSWERS: list[str] = []
 
 
-def test_the_third_server_takes_the_direct_path(urls):
+def test_the_third_server_takes_the_direct_path_and_writes_uvicorns_access_lines(urls):
+    """Whatever the process's logging set-up (a handler on uvicorn's access logger, or one it propagates to)."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    access = logging.getLogger("uvicorn.access")
+    handler = Keep()
     DIRECT_ANSWERS.clear()
-    assert httpx.post(urls[2] + "/model", json={"text": "d"}).status_code == 200
+    assert httpx.post(urls[2] + "/model", json={"text": "d"}).status_code == 200  # a new connection per call
     assert httpx.post(urls[2] + "/model?x=1", json={"text": "d"}).status_code == 200  # a query: not direct
-    assert DIRECT_ANSWERS == ["/model"]
+    access.addHandler(handler)
+    level = access.level
+    access.setLevel(logging.INFO)  # the live server logs at warning
+    try:
+        assert httpx.post(urls[2] + "/model", json={"n": 1}).status_code == 422  # through uvicorn's cycle
+        assert httpx.post(urls[2] + "/model", json={"text": "logged"}).status_code == 200
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(level)
+    assert DIRECT_ANSWERS == ["/model", "/model", "/model"]  # the 422 is handed on by the direct path
+    assert [line.split(" - ", 1)[1] for line in lines] == ['"POST /model HTTP/1.1" 422', '"POST /model HTTP/1.1" 200']
 
 
 def _answer(url: str, path: str, kwargs: dict) -> tuple:
