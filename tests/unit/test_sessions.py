@@ -284,3 +284,15 @@ async def test_unserializable_session_value_raises_before_the_response_starts():
     with pytest.raises(TypeError):
         await middleware({"type": "http", "headers": []}, None, send)
     assert sent == []  # the exception middleware outside can still answer 500
+
+
+def test_new_session_ids_are_random_version_4_uuids_in_hex():
+    import uuid
+
+    from nemo_gym.http.sessions import new_session_id
+
+    ids = [new_session_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for value in ids:
+        parsed = uuid.UUID(hex=value)
+        assert parsed.hex == value and parsed.version == 4 and parsed.variant == uuid.RFC_4122
