@@ -329,6 +329,11 @@ class SessionCookieMiddleware:
             await self.app(scope, receive, send)
             return
 
+        await self.app(scope, receive, self.cookie_sender(scope, opened, send))
+
+    def cookie_sender(self, scope: dict, opened: tuple[Optional[bytes], Optional[bytes]], send: Any) -> Any:
+        """`send` with the session's `Set-Cookie` added to the response start (`opened`: what `open` returned)."""
+
         async def send_with_cookie(message: dict) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", ()))
@@ -336,7 +341,7 @@ class SessionCookieMiddleware:
                 message["headers"] = headers
             await send(message)
 
-        await self.app(scope, receive, send_with_cookie)
+        return send_with_cookie
 
     def refusal(self) -> tuple[int, list, bytes]:
         """(status, headers, body) of the 409 for a cookie this process never issued (see the module docstring)."""

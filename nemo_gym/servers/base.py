@@ -186,7 +186,11 @@ class NeMoGymExceptionMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.guard(self.app, scope, receive, send)
 
+    async def guard(self, app: Any, scope: dict, receive: Any, send: Any) -> None:
+        """Run the ASGI `app` for an HTTP request as this layer does: non-200 access lines, and an exception
+        turned into the 500 (or, once the response has started, only logged)."""
         started = False
 
         async def send_tracking(message: dict) -> None:
@@ -197,7 +201,7 @@ class NeMoGymExceptionMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_tracking)
+            await app(scope, receive, send_tracking)
         except Exception as exc:
             answer = self.error_answer(exc, scope, response_started=started)
             if answer is None:

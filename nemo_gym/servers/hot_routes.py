@@ -178,26 +178,28 @@ class HotRoutes:
             return
         body = await read_body(receive)
         replay = replay_body(body, receive)
-        if hot.validate is not None:
-            if not body or not _is_json(scope["headers"]):
-                await self.app(scope, replay, send)
-                return
-            try:
-                scope[_VALUE_KEY] = hot.validate(body)
-            except ValidationError:  # FastAPI answers the 422 (and our handler logs it)
-                await self.app(scope, replay, send)
-                return
-        self._enter(scope, hot, body)
+        if not self._enter(scope, hot, body):
+            await self.app(scope, replay, send)  # FastAPI answers (a 422 is logged by our handler)
+            return
         await self.pipeline(scope, replay, send)
 
-    def _enter(self, scope: dict, hot: _HotRoute, body: bytes) -> None:
-        """What FastAPI's routing puts into the scope of a request it hands to `hot`, and what we keep there."""
+    def _enter(self, scope: dict, hot: _HotRoute, body: bytes) -> bool:
+        """Validate the body for `hot` and put into the scope what FastAPI's routing would, and what we keep there;
+        False (nothing put) when FastAPI must answer instead: no body, not JSON, or invalid."""
+        if hot.validate is not None:
+            if not body or not _is_json(scope["headers"]):
+                return False
+            try:
+                scope[_VALUE_KEY] = hot.validate(body)
+            except ValidationError:
+                return False
         scope["app"] = self.app
         scope["path_params"] = {}
         scope["route"] = hot.route
         scope["endpoint"] = hot.endpoint
         scope[_ROUTE_KEY] = hot
         scope[_BODY_KEY] = body
+        return True
 
     async def _endpoint(self, scope: dict, receive: Any, send: Any) -> None:
         result = await self._run_endpoint(scope[_ROUTE_KEY], scope, receive)
@@ -245,18 +247,11 @@ class HotRoutes:
         (`await asgi(app)`), which is where everything unusual goes: a body that is not valid JSON for the route
         (FastAPI answers), a streamed request, an endpoint's streaming or background `Response`."""
         direct: _DirectLayers = self.direct
-        if (direct.stream is not None and direct.stream.streams(scope["path"], body)) or (
-            hot.validate is not None and (not body or not _is_json(scope["headers"]))
+        if (direct.stream is not None and direct.stream.streams(scope["path"], body)) or not self._enter(
+            scope, hot, body
         ):
             await responder.asgi(self)
             return
-        if hot.validate is not None:
-            try:
-                scope[_VALUE_KEY] = hot.validate(body)
-            except ValidationError:
-                await responder.asgi(self)
-                return
-        self._enter(scope, hot, body)
         errors, sessions = direct.errors, direct.sessions
         try:
             opened = None
@@ -345,23 +340,9 @@ class _SendResponse:
         self.opened = opened
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        started = False
+        async def send_response(scope: dict, receive: Any, send: Any) -> None:
+            if self.sessions is not None:
+                send = self.sessions.cookie_sender(scope, self.opened, send)
+            await self.response(scope, receive, send)
 
-        async def send_wrapped(message: dict) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                if self.sessions is not None:
-                    cookie = self.sessions.cookie(scope["session"], self.opened)
-                    message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
-                self.errors.log_status(scope, message["status"])
-            await send(message)
-
-        try:
-            await self.response(scope, receive, send_wrapped)
-        except Exception as exc:
-            answer = self.errors.error_answer(exc, scope, response_started=started)
-            if answer is not None:
-                status, headers, content = answer
-                await send({"type": "http.response.start", "status": status, "headers": headers})
-                await send({"type": "http.response.body", "body": content})
+        await self.errors.guard(send_response, scope, receive, send)

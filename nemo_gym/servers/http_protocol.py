@@ -63,13 +63,8 @@ class _CoalescingTransport:
 
     def write_now(self, data: bytes) -> None:
         """Send what is pending and `data` at once (a whole response: nothing to wait for)."""
-        if self._pending:
-            self._pending.append(data)
-            data = b"".join(self._pending)
-            self._pending = []
-            self._size = 0
-        if not self._transport.is_closing():
-            self._transport.write(data)
+        self._pending.append(data)
+        self._flush()
 
     def writelines(self, chunks: Any) -> None:
         for chunk in chunks:

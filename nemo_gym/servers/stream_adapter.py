@@ -171,7 +171,7 @@ class StreamAdapter:
             return
         body = await read_body(receive)
         request = None
-        if b'"stream"' in body:
+        if self.streams(scope["path"], body):
             try:
                 request = orjson.loads(body)
             except orjson.JSONDecodeError:
