@@ -47,6 +47,9 @@ __all__ = [
     "validate_server_config",
     "wants_help",
     "BaseNeMoGymCLIConfig",
+    "ROLLOUT_PATH_PREFIX",
+    "AggregateMetricsRequest",
+    "AggregateMetrics",
 ]
 
 
@@ -605,3 +608,28 @@ class BaseNeMoGymCLIConfig(BaseModel):
             return f"{first}. Pass +h=true for help."
         body = "\n".join(f"  - {p}" for p in problems)
         return f"{first} (and {len(problems) - 1} more problem(s), listed below). Pass +h=true for help.\n{body}"
+
+
+# --------------------------------------------------------------------------------------------------
+# NeMo Gym v0.5: `/aggregate_metrics` bodies and the rollout-id path prefix
+# --------------------------------------------------------------------------------------------------
+
+# Calls made for one rollout may carry `/ng-rollout/<rollout id>` in front of their path
+# (`nemo_gym.servers.rollout_context`).
+ROLLOUT_PATH_PREFIX = "ng-rollout"
+
+
+class AggregateMetricsRequest(BaseModel):
+    """`POST /aggregate_metrics` body: the verify responses of a collection (each with `_ng_task_index`,
+    `_ng_rollout_index`, `reward` and whatever else the verifier returned), usually without the big
+    `response` / `responses_create_params` payloads."""
+
+    verify_responses: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class AggregateMetrics(BaseModel):
+    """`POST /aggregate_metrics` answer: per-task rows, per-agent metrics and the few metrics worth printing."""
+
+    group_level_metrics: list[dict[str, Any]] = Field(default_factory=list)
+    agent_metrics: dict[str, Any] = Field(default_factory=dict)
+    key_metrics: dict[str, Any] = Field(default_factory=dict)

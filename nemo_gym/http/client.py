@@ -394,9 +394,13 @@ def _http_error(response: Any, body: bytes) -> NeMoGymHTTPError:
 
 
 async def raise_for_status(response: Any) -> None:
-    """Raise `NeMoGymHTTPError` (body text attached as `response_content`) if the status is >= 400. Takes a
+    """Raise `NeMoGymHTTPError` (body text attached as `response_content`) unless `response.ok` (else: the status
+    is below 400); the body is read first. Takes a
     `ServerResponse`, an `aiohttp.ClientResponse` or an `httpx.Response`."""
-    if _status_of(response) < 400:
+    ok = getattr(response, "ok", None)  # v0.5 reads `.ok` (aiohttp's and ours); httpx has none
+    if not isinstance(ok, bool):
+        ok = _status_of(response) < 400
+    if ok:
         return
     raise _http_error(response, await _read_body(response))
 

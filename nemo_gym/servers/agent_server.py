@@ -12,12 +12,24 @@ verifier added (what `simple_agent` does).
 
 from __future__ import annotations
 
+import functools
+import inspect
 from abc import abstractmethod
+from typing import Any, Optional
 
-from fastapi import Body, FastAPI
+from fastapi import Body, FastAPI, Request
 from pydantic import ConfigDict
 
+from nemo_gym.config.types import ROLLOUT_PATH_PREFIX, AggregateMetrics, AggregateMetricsRequest
+from nemo_gym.rollouts.metrics import AggregateMetricsMixin
 from nemo_gym.servers.resources_server import BaseRunRequest, BaseVerifyResponse
+from nemo_gym.servers.rollout_context import (
+    apply_rollout_prefix,
+    maybe_rollout_id_from_run_body,
+    observability_enabled,
+    rollout_context,
+    rollout_path_prefix,
+)
 from nemo_gym.config.types import BaseRunServerInstanceConfig
 from nemo_gym.api.schemas import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.servers.base import BaseServer, SimpleServer
@@ -29,6 +41,11 @@ __all__ = [
     "SimpleResponsesAPIAgent",
     "AgentRunRequest",
     "AgentVerifyResponse",
+    "AggregateMetrics",
+    "AggregateMetricsRequest",
+    "Body",
+    "FastAPI",
+    "Request",
 ]
 
 
@@ -52,12 +69,22 @@ class BaseResponsesAPIAgent(BaseServer):
     config: BaseResponsesAPIAgentConfig
 
 
-class SimpleResponsesAPIAgent(DialectsMixin, BaseResponsesAPIAgent, SimpleServer):
+class SimpleResponsesAPIAgent(AggregateMetricsMixin, DialectsMixin, BaseResponsesAPIAgent, SimpleServer):
     """An agent as a FastAPI app with `/v1/responses` and `/run` (plus `/v1/messages` and streaming from
-    `DialectsMixin`)."""
+    `DialectsMixin`), and NeMo Gym v0.5's `/aggregate_metrics` and `/ng-rollout/{rollout_id}/v1/responses` (the
+    same handler, for calls that carry their rollout id). `/run` runs inside the rollout's context, so the calls
+    it makes carry the rollout id when the global `observability_enabled` is on (`servers/rollout_context.py`)."""
 
     def setup_webserver(self) -> FastAPI:
-        return self._app_with_post_routes({"/v1/responses": self.responses, "/run": self.run})
+        app = self._app_with_post_routes(
+            {
+                "/v1/responses": self.responses,
+                f"/{ROLLOUT_PATH_PREFIX}/{{rollout_id}}/v1/responses": self.responses,
+                "/run": self._run_in_rollout_context(self.run),
+                "/aggregate_metrics": self.aggregate_metrics,
+            }
+        )
+        return app
 
     @abstractmethod
     async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> NeMoGymResponse:
@@ -66,3 +93,50 @@ class SimpleResponsesAPIAgent(DialectsMixin, BaseResponsesAPIAgent, SimpleServer
     @abstractmethod
     async def run(self, body: BaseRunRequest) -> BaseVerifyResponse:
         """Run one dataset row end to end (seed, episode, verify)."""
+
+    # -- the rollout id (inert unless `observability_enabled: true`) -----------------------------------------
+
+    def _observability_enabled(self) -> bool:
+        return observability_enabled(getattr(self.server_client, "global_config_dict", None))
+
+    def _run_in_rollout_context(self, run: Any) -> Any:
+        """`run` wrapped so its body's rollout id is the current one while it runs (same signature for FastAPI)."""
+
+        @functools.wraps(run)
+        async def run_in_context(*args: Any, **kwargs: Any) -> Any:
+            body = kwargs.get("body", args[0] if args else None)
+            with rollout_context(self.rollout_id_from_run(body)):
+                return await run(*args, **kwargs)
+
+        run_in_context.__signature__ = inspect.signature(run)  # type: ignore[attr-defined]
+        return run_in_context
+
+    def rollout_id_from_run(self, body: Any) -> Optional[str]:
+        """The rollout id of a `/run` body (`"<task>-<rollout>"`), or None when observability is off or the body
+        has no indices."""
+        if body is None or not self._observability_enabled():
+            return None
+        return maybe_rollout_id_from_run_body(body)
+
+    def url_path_for_run(self, url_path: str, body: Any) -> str:
+        """`/ng-rollout/<id><url_path>` for a call made inside `/run` (observability on, indices in the body), else
+        `url_path` unchanged."""
+        return rollout_path_prefix(self.rollout_id_from_run(body)) + url_path
+
+    def url_path_for_request(self, url_path: str, request: Any) -> str:
+        """Re-apply the `rollout_id` of an inbound prefixed request (the `/ng-rollout/{rollout_id}/...` route) to a
+        downstream `url_path`; unprefixed requests leave it unchanged."""
+        path_params = getattr(request, "path_params", None) or {}
+        rollout_id = path_params.get("rollout_id")
+        if rollout_id is None or url_path.startswith(f"/{ROLLOUT_PATH_PREFIX}/"):
+            return url_path
+        return rollout_path_prefix(rollout_id) + url_path
+
+    def base_url_for_run(self, base_url: str, body: Any) -> str:
+        """`base_url` with the rollout prefix inserted before its path (for SDK-style clients inside `/run`)."""
+        return apply_rollout_prefix(base_url, self.rollout_id_from_run(body))
+
+    def resolve_model_base_url(self, server_name: str, rollout_id: Optional[str] = None) -> str:
+        """`http://host:port[/ng-rollout/<id>]/v1` of a model server of the stack (for OpenAI-SDK-style clients)."""
+        base = self.server_client.base_url(server_name).rstrip("/")
+        return base + rollout_path_prefix(rollout_id) + "/v1"

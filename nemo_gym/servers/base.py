@@ -562,6 +562,16 @@ class SimpleServer(BaseServer):
 
         app.add_api_route("/health", health, methods=["GET"], include_in_schema=False)
 
+    def setup_liveness(self, app: FastAPI) -> None:
+        """`GET /` -> `{"status": "ok"}` (NeMo Gym v0.5's liveness route), unless the app serves `/` itself."""
+        if any(getattr(route, "path", None) == "/" and "GET" in (getattr(route, "methods", None) or ()) for route in app.router.routes):
+            return
+
+        async def liveness() -> dict:
+            return {"status": "ok"}
+
+        app.add_api_route("/", liveness, methods=["GET"], include_in_schema=False)
+
     def setup_request_validation_logging(self, app: FastAPI) -> None:
         """Print request validation errors (errors and body, truncated), then answer FastAPI's usual 422."""
         key = self.get_session_middleware_key()
@@ -599,13 +609,20 @@ class SimpleServer(BaseServer):
         setattr(app.state, self._PREPARED_FLAG, True)
         self.setup_session_middleware(app)
         self.setup_health_route(app)
+        self.setup_liveness(app)
         self.setup_request_validation_logging(app)
         self.setup_exception_middleware(app)
         return app
 
     def build_app(self) -> FastAPI:
-        """`setup_webserver()` + `prepare_app()`: the app exactly as `run_webserver` serves it (for tests)."""
-        return self.prepare_app(self.setup_webserver())
+        """`setup_webserver()` (+ the tools over MCP when the config says `expose_tools_over_mcp: true`) +
+        `prepare_app()`: the app exactly as `run_webserver` serves it (for tests)."""
+        app = self.setup_webserver()
+        if getattr(self.config, "expose_tools_over_mcp", False):
+            from nemo_gym.mcp_auto_exposure import maybe_auto_expose
+
+            maybe_auto_expose(self, app)
+        return self.prepare_app(app)
 
     # -- process setup -------------------------------------------------------------------------------------
 

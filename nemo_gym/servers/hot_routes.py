@@ -133,10 +133,16 @@ def _app_is_plain(app: FastAPI, own_middleware: tuple[type, ...]) -> bool:
         return False
     if any(
         middleware.cls not in own_middleware and not getattr(middleware.cls, "hot_routes_compatible", False)
-        for middleware in app.user_middleware
+        for middleware in _middleware_to_recreate(app)
     ):
         return False
     return all(key in _DEFAULT_HANDLERS for key in app.exception_handlers)
+
+
+def _middleware_to_recreate(app: FastAPI) -> list:
+    """The app's middleware minus what only acts on paths that are never hot (`hot_routes_transparent`, e.g. the
+    rollout-prefix middleware: a prefixed path is not an exact hot path, so FastAPI's whole stack answers it)."""
+    return [m for m in app.user_middleware if not getattr(m.cls, "hot_routes_transparent", False)]
 
 
 class HotRoutes:
@@ -160,7 +166,7 @@ class HotRoutes:
                 self.routes[route.path_format] = hot
         pipeline: Any = self._endpoint
         layers = []
-        for middleware in reversed(app.user_middleware):  # user_middleware[0] is the outermost
+        for middleware in reversed(_middleware_to_recreate(app)):  # user_middleware[0] is the outermost
             cls, args, kwargs = middleware
             pipeline = cls(pipeline, *args, **kwargs)
             layers.append(pipeline)

@@ -23,13 +23,18 @@ dropped. The usual verifier pattern::
 from __future__ import annotations
 
 from abc import abstractmethod
+from enum import Enum
+from typing import ClassVar
 
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from nemo_gym.config.types import BaseRunServerInstanceConfig
+from nemo_gym.config.types import AggregateMetrics, AggregateMetricsRequest, BaseRunServerInstanceConfig
 from nemo_gym.api.schemas import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.rollouts.metrics import AggregateMetricsMixin
 from nemo_gym.servers.base import BaseServer, SimpleServer
+from nemo_gym.servers.rollout_context import RolloutContextMiddleware
+from nemo_gym.verifiers.judge import judge_failsafe
 
 __all__ = [
     "BaseResourcesServerConfig",
@@ -40,11 +45,31 @@ __all__ = [
     "BaseSeedSessionRequest",
     "BaseSeedSessionResponse",
     "SimpleResourcesServer",
+    "ReverifyMode",
+    "BaseMultiRewardVerifyResponse",
+    "AggregateMetrics",
+    "AggregateMetricsRequest",
 ]
 
 
+class ReverifyMode(str, Enum):
+    """Whether `ng reverify` may re-score this server's rollouts from the stored request and response alone:
+    `stateless` (verify reads nothing but its body), `unsupported` (it needs state the rollout built), `unknown`."""
+
+    STATELESS = "stateless"
+    UNSUPPORTED = "unsupported"
+    UNKNOWN = "unknown"
+
+
 class BaseResourcesServerConfig(BaseRunServerInstanceConfig):
-    """The config block of a resources server (`domain` is checked when the global config is built)."""
+    """The config block of a resources server (`domain` is checked when the global config is built).
+
+    `REVERIFY_MODE` is a class constant of the config class (as in NeMo Gym v0.5): a server whose verify depends
+    only on its request sets `STATELESS` on its config class. `expose_tools_over_mcp: true` also serves the tool
+    routes over MCP at `/mcp` (`nemo_gym.mcp_auto_exposure`)."""
+
+    REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.UNKNOWN
+    expose_tools_over_mcp: bool = False
 
 
 class BaseRunRequest(BaseModel):
@@ -65,6 +90,13 @@ class BaseVerifyResponse(BaseVerifyRequest):
     reward: float
 
 
+class BaseMultiRewardVerifyResponse(BaseVerifyResponse):
+    """A verify answer with several named rewards: `reward_components` (the same names for every task) beside the
+    scalar `reward` (their aggregate, e.g. the sum), which is still what training uses."""
+
+    reward_components: dict[str, float]
+
+
 class BaseSeedSessionRequest(BaseModel):
     """`/seed_session` body (the agent sends the whole row; declare the fields you need)."""
 
@@ -77,15 +109,31 @@ class BaseResourcesServer(BaseServer):
     config: BaseResourcesServerConfig
 
 
-class SimpleResourcesServer(BaseResourcesServer, SimpleServer):
-    """A resources server as a FastAPI app: `/seed_session`, `/verify`, and the subclass's tool routes."""
+class SimpleResourcesServer(AggregateMetricsMixin, BaseResourcesServer, SimpleServer):
+    """A resources server as a FastAPI app: `/seed_session`, `/verify`, the subclass's tool routes, and NeMo Gym
+    v0.5's `POST /aggregate_metrics` and `GET /reverify_mode`. `/verify` is wrapped in `judge_failsafe`: a
+    `JudgeError` raised by verify becomes a `judge_failed` answer, not a 500 (a server that registers its own
+    `/verify` wraps its handler itself)."""
 
     # Per-rollout state lives in this process: a cookie from a process that is gone must not get a fresh,
     # empty session half-way through a rollout (409 instead; the rollout is rerun from its seed).
     refuse_unknown_session_cookies = True
 
     def setup_webserver(self) -> FastAPI:
-        return self._app_with_post_routes({"/seed_session": self.seed_session, "/verify": self.verify})
+        app = self._app_with_post_routes(
+            {
+                "/seed_session": self.seed_session,
+                "/verify": judge_failsafe(self.verify),
+                "/aggregate_metrics": self.aggregate_metrics,
+            }
+        )
+        app.get("/reverify_mode")(self.reverify_mode)
+        app.add_middleware(RolloutContextMiddleware)  # `/ng-rollout/<id>/<route>` is served as `/<route>`
+        return app
+
+    async def reverify_mode(self) -> ReverifyMode:
+        """`GET /reverify_mode`: this server's config class's `REVERIFY_MODE` (a JSON string)."""
+        return getattr(type(self.config), "REVERIFY_MODE", ReverifyMode.UNKNOWN)
 
     async def seed_session(self, body: BaseSeedSessionRequest) -> BaseSeedSessionResponse:
         """Prepare per-rollout state before the first tool call. The default keeps nothing."""
