@@ -50,12 +50,25 @@ from nemo_gym.rollouts.jsonl import iter_jsonl_objects
 from nemo_gym.rollouts.row_keys import FinishedRollouts, RolloutKeySpace, TaskIndexMap
 from nemo_gym.config.types import AGENT_SERVER_TYPE, BaseNeMoGymCLIConfig, format_validation_errors
 from nemo_gym.errors import NeMoGymConfigError, did_you_mean
+from nemo_gym.rollouts.failure_routing import (
+    ATTEMPT_INDEX_KEY_NAME,
+    NG_FAILURE_CLASS_KEY,
+    NG_FAILURE_JUDGE_ERROR_KEY,
+    NG_NO_PERSIST_KEY,
+    NG_TERMINAL_KEY,
+    declared_failure,
+    get_max_rollout_attempts,
+)
 
 if TYPE_CHECKING:  # imported when rollouts run: it loads the HTTP stack
     from nemo_gym.http.retry import RetryPolicy
 
 __all__ = [
     "TASK_INDEX_KEY_NAME",
+    "NG_FAILURE_CLASS_KEY",
+    "NG_NO_PERSIST_KEY",
+    "NG_TERMINAL_KEY",
+    "ATTEMPT_INDEX_KEY_NAME",
     "ROLLOUT_INDEX_KEY_NAME",
     "DEFAULT_MAX_IN_FLIGHT",
     "RolloutCollectionConfig",
@@ -147,6 +160,13 @@ class RolloutCollectionConfig(BaseNeMoGymCLIConfig):
         default=1.0, description="Reward at or above which a rollout counts as passed (for pass@k in the profile)."
     )
     progress_bar: bool = Field(default=True, description="Show a live progress bar on stderr.")
+    disable_aggregation: bool = Field(
+        default=False,
+        description=(
+            "Skip asking each agent for /aggregate_metrics after the run (otherwise written to "
+            "<stem>_aggregate_metrics.json and the key metrics printed)."
+        ),
+    )
     shard: Optional[str] = Field(
         default=None,
         description=(
@@ -192,6 +212,10 @@ class CollectionPaths:
     @property
     def agent_metrics(self) -> Path:
         return _with_stem_suffix(self.output, "_agent_metrics", ".json")
+
+    @property
+    def aggregate_metrics(self) -> Path:
+        return _with_stem_suffix(self.output, "_aggregate_metrics", ".json")
 
 
 def resolve_input_path(path_str: str) -> Path:
@@ -622,6 +646,9 @@ class RolloutResult:
     server: Optional[str] = None
     agent_name: Optional[str] = None
     attempts: int = 0
+    # A declared failure (`rollouts/failure_routing.py`): the agent's answer, kept for re-judging.
+    failure_class: Optional[str] = None
+    terminal: bool = False
 
     @property
     def ok(self) -> bool:
@@ -643,8 +670,9 @@ class RolloutResult:
         return float(value) if isinstance(value, (int, float)) else None
 
     def failure_record(self) -> dict:
-        """The `<stem>_failures.jsonl` line of a failed rollout."""
-        return {
+        """The `<stem>_failures.jsonl` line of a failed rollout (with v0.5's `_ng_failure_class`, and the agent's
+        answer as `result`, when the agent declared the failure)."""
+        record = {
             TASK_INDEX_KEY_NAME: self.task_index,
             ROLLOUT_INDEX_KEY_NAME: self.rollout_index,
             "error_type": self.error_type,
@@ -655,6 +683,11 @@ class RolloutResult:
             "attempts": self.attempts,
             "row": self.row,
         }
+        if self.failure_class is not None:
+            record[NG_FAILURE_CLASS_KEY] = self.failure_class
+            record[NG_TERMINAL_KEY] = self.terminal
+            record["result"] = self.result
+        return record
 
 
 _SERVER_IN_MESSAGE = re.compile(r"server `([^`]+)`")
@@ -678,6 +711,7 @@ async def _run_one(
     agent_name: Optional[str],
     request_timeout_s: Optional[float],
     retry_policy: RetryPolicy,
+    max_rollout_attempts: int = 1,
 ) -> RolloutResult:
     agent = agent_name_of(row) or agent_name
     if not agent:
@@ -693,17 +727,45 @@ async def _run_one(
         async with asyncio.timeout(request_timeout_s):
             return await server_client.post(agent, "/run", json=row, **extra)
 
-    # A failed rollout is rerun whole on a fresh session: /run is idempotent for the retry rules.
-    outcome = await retry_policy.run(post, idempotent=True, label=f"POST /run on agent `{agent}`")
-    data, status, error_type, message = read_outcome(
-        outcome, step="/run", target=f"POST /run on agent `{agent}`", request_timeout_s=request_timeout_s
-    )
-    if data is not None:
+    # A failed rollout is rerun whole on a fresh session: /run is idempotent for the retry rules. An answer that
+    # declares a failure (a judge that failed, ...) is rerun too, up to NEMO_GYM_MAX_ROLLOUT_ATTEMPTS attempts.
+    attempts = 0
+    for attempt in range(max_rollout_attempts):
+        outcome = await retry_policy.run(post, idempotent=True, label=f"POST /run on agent `{agent}`")
+        attempts += outcome.attempts
+        data, status, error_type, message = read_outcome(
+            outcome, step="/run", target=f"POST /run on agent `{agent}`", request_timeout_s=request_timeout_s
+        )
+        if data is None:
+            break
         if TASK_INDEX_KEY_NAME in row:
             data[TASK_INDEX_KEY_NAME] = row[TASK_INDEX_KEY_NAME]
         if ROLLOUT_INDEX_KEY_NAME in row:
             data[ROLLOUT_INDEX_KEY_NAME] = row[ROLLOUT_INDEX_KEY_NAME]
-        return RolloutResult(row, result=data, agent_name=agent, attempts=outcome.attempts)
+        if not isinstance(data.get("agent_ref"), dict):  # v0.5 stamps it: aggregation groups by it
+            data["agent_ref"] = {"name": agent}
+        declared = declared_failure(data)
+        if declared is None:
+            return RolloutResult(row, result=data, agent_name=agent, attempts=attempts)
+        failure_class, terminal = declared
+        if terminal or attempt + 1 >= max_rollout_attempts:
+            detail = data.get(NG_FAILURE_JUDGE_ERROR_KEY) or data.get("message") or ""
+            return RolloutResult(
+                row,
+                result=data,
+                error_type=failure_class,
+                message=truncate_message(
+                    f"agent `{agent}` answered with failure class `{failure_class}`" + (f": {detail}" if detail else "")
+                ),
+                status_code=status,
+                server=agent,
+                agent_name=agent,
+                attempts=attempts,
+                failure_class=failure_class,
+                terminal=terminal,
+            )
+        row = {**row, ATTEMPT_INDEX_KEY_NAME: int(row.get(ATTEMPT_INDEX_KEY_NAME) or 0) + 1}
+    assert data is None
     if extra:  # our client was told to try once: its "after 1 attempt" would contradict `attempts`
         message = message.replace(" failed after 1 attempt:", " failed:")
     message = truncate_message(message)
@@ -714,7 +776,7 @@ async def _run_one(
         status_code=status,
         server=_failing_server(message, agent),
         agent_name=agent,
-        attempts=outcome.attempts,
+        attempts=attempts,
     )
 
 
@@ -773,6 +835,7 @@ async def iter_rollouts(
         agent_name=agent_name,
         request_timeout_s=request_timeout_s,
         retry_policy=retry_policy,
+        max_rollout_attempts=get_max_rollout_attempts(),
     )
 
     async def work() -> None:
@@ -928,6 +991,7 @@ class CollectionOutcome:
     mean_reward: Optional[float] = None
     paths: Optional[CollectionPaths] = None
     failure_types: dict[str, int] = field(default_factory=dict)
+    aggregate_entries: list[dict] = field(default_factory=list)
 
 
 async def _collect(
@@ -951,6 +1015,27 @@ async def _collect(
         ):
             record_result(result, out, fails, outcome)
             display.update(result)
+    if not config.disable_aggregation:
+        await _aggregate(config, server_client, paths, outcome)
+
+
+async def _aggregate(
+    config: RolloutCollectionConfig, server_client: Any, paths: CollectionPaths, outcome: CollectionOutcome
+) -> None:
+    """`<stem>_aggregate_metrics.json` from each agent's `/aggregate_metrics` over its successful rollouts (those of
+    earlier runs included when resuming); nothing when there are none."""
+    from nemo_gym.rollouts.aggregation import aggregate_by_agent, read_results_by_agent, write_aggregate_metrics
+
+    groups = read_results_by_agent(paths.output, default_agent=config.agent_name)
+    if not groups:
+        paths.aggregate_metrics.unlink(missing_ok=True)
+        return
+    entries, problems = await aggregate_by_agent(server_client, groups)
+    for problem in problems:
+        _err(f"Warning: no aggregate metrics: {problem} (the rollouts are saved; rerun the aggregation later).")
+    if entries:
+        write_aggregate_metrics(paths.aggregate_metrics, entries)
+        outcome.aggregate_entries = entries
 
 
 def read_outcome(
@@ -1016,7 +1101,7 @@ def check_output_paths(paths: CollectionPaths, input_path: Path) -> None:
     try:
         same = input_path.exists() and any(
             p.exists() and os.path.samefile(p, input_path)
-            for p in (out, paths.failures, paths.materialized_inputs, paths.reward_profiling, paths.agent_metrics)
+            for p in (out, paths.failures, paths.materialized_inputs, paths.reward_profiling, paths.agent_metrics, paths.aggregate_metrics)
         )
     except OSError:
         same = False
@@ -1093,6 +1178,7 @@ def run_from_config(
         paths.output.unlink(missing_ok=True)
     # Failed rollouts of an earlier run are retried now: their old records go.
     paths.failures.unlink(missing_ok=True)
+    paths.aggregate_metrics.unlink(missing_ok=True)  # written anew at the end, over all rollouts of the output
     paths.output.touch()
 
     from nemo_gym.rollouts.merge import parse_shard
@@ -1181,6 +1267,11 @@ def _print_outcome(outcome: CollectionOutcome) -> None:
         print(f"Reward profiling:    {paths.reward_profiling}")
     if paths.agent_metrics.exists():
         print(f"Agent metrics:       {paths.agent_metrics}")
+    if outcome.aggregate_entries:
+        from nemo_gym.rollouts.aggregation import print_key_metrics
+
+        print(f"Aggregate metrics:   {paths.aggregate_metrics}")
+        print_key_metrics(outcome.aggregate_entries)
     if outcome.failed:
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(outcome.failure_types.items()))
         _err(

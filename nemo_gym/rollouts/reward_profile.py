@@ -33,6 +33,9 @@ from per-agent counts of each distinct value (dicts, flushed to SQLite past 16k 
 read off the sorted counts and the mean and std stream through `statistics.fmean` / `statistics.stdev`, so every
 number is the one a list of all values would give. (One difference: a -0.0 and a 0.0 of one agent's field count
 as one value, so the sign of a zero agent-level min/max/median may differ from the first rollout's.)
+
+`RewardProfiler` computes the same statistics for rollouts already in memory (NeMo Gym v0.5's
+`/aggregate_metrics`, see `nemo_gym.rollouts.metrics`).
 """
 
 from __future__ import annotations
@@ -63,6 +66,9 @@ __all__ = [
     "summary_stats",
     "counted_stats",
     "pass_at_k",
+    "stat_keys",
+    "drop_undefined_stats",
+    "RewardProfiler",
     "compute_profile",
     "profile_rollouts",
     "profile_collection",
@@ -362,7 +368,7 @@ def counted_stats(sorted_counts: Callable[[], Iterable[tuple[float, int]]]) -> d
     }
 
 
-def _stat_keys(stats_by_field: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+def stat_keys(stats_by_field: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     """`{stat}/{field}` keys, grouped by statistic (mean/*, max/*, ...), NaN entries kept for now."""
     out: dict[str, float] = {}
     for stat in STATS:
@@ -381,6 +387,50 @@ def _drop_undefined(metrics: dict[str, Any], std_zero_fields: set[str]) -> dict[
             continue
         out[key] = value
     return out
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def drop_undefined_stats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The NaN rule over the stat rows of one file (or one answer): a field whose `std/F` is undefined in every row
+    that has it gets `std/F = 0` everywhere; every other NaN entry is dropped."""
+    with_std = {key[4:] for row in rows for key in row if key.startswith("std/")}
+    defined = {key[4:] for row in rows for key, value in row.items() if key.startswith("std/") and not _is_nan(value)}
+    return [_drop_undefined(row, with_std - defined) for row in rows]
+
+
+class RewardProfiler:
+    """The reward profile of rollouts held in memory and already grouped by task: what `/aggregate_metrics` starts
+    from (`nemo_gym.rollouts.metrics`). The same statistics as the file profile (`compute_profile`, which streams
+    and spills for files of any size): `summary_stats` of every `rollout_numeric_fields` field, keyed `{stat}/F`,
+    with the NaN rule applied across the tasks and, separately, to the statistics over all rollouts."""
+
+    def profile(
+        self, tasks: Mapping[int, Iterable[Mapping[str, Any]]]
+    ) -> tuple[dict[int, dict[str, float]], dict[str, float]]:
+        """({task: its stat keys}, stat keys over every rollout), tasks in the mapping's order."""
+        per_task_values = {task: self._field_values(rollouts) for task, rollouts in tasks.items()}
+        overall_values: dict[str, list[float]] = {}
+        for values in per_task_values.values():
+            for name, vals in values.items():
+                overall_values.setdefault(name, []).extend(vals)
+        task_rows = drop_undefined_stats([self._stats(values) for values in per_task_values.values()])
+        (overall,) = drop_undefined_stats([self._stats(overall_values)])
+        return dict(zip(per_task_values, task_rows)), overall
+
+    @staticmethod
+    def _field_values(rollouts: Iterable[Mapping[str, Any]]) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for rollout in rollouts:
+            for name, value in rollout_numeric_fields(rollout).items():
+                out.setdefault(name, []).append(value)
+        return out
+
+    @staticmethod
+    def _stats(values: Mapping[str, list[float]]) -> dict[str, float]:
+        return stat_keys({name: summary_stats(vals) for name, vals in values.items()})
 
 
 @dataclass
@@ -498,7 +548,7 @@ def _profile_stores(
         matched += len(rows)
         field_values = _field_values(rows, fields)
         metrics: dict[str, Any] = {TASK_INDEX_KEY_NAME: task, "num_rollouts": len(rows)}
-        metrics.update(_stat_keys({name: summary_stats(vals) for name, vals in field_values.items()}))
+        metrics.update(stat_keys({name: summary_stats(vals) for name, vals in field_values.items()}))
         pass_mean: dict[int, tuple[float, float]] = {}
         rewards = field_values.get(REWARD_KEY, [])
         if ks and rewards:
@@ -530,7 +580,7 @@ def _profile_stores(
         stats = {name: counted_stats(values.sorted_counts((acc.index, store.field_ids[name]))) for name in acc.counts}
         agent_std_defined.update(name for name, s in stats.items() if not math.isnan(s["std"]))
         metrics = {"agent_ref": {"name": agent}, "num_tasks": acc.num_tasks, "num_rollouts": acc.num_rollouts}
-        metrics.update(_stat_keys(stats))
+        metrics.update(stat_keys(stats))
         for k in sorted(acc.pass_sums):
             metrics[f"pass@{k}"] = acc.pass_sums[k][0] / acc.pass_sums[k][2]
         for k in sorted(acc.pass_sums):

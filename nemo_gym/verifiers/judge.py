@@ -21,6 +21,11 @@ import orjson
 from pydantic import BaseModel
 
 from nemo_gym.http.client import raise_for_status
+from nemo_gym.rollouts.failure_routing import (
+    JUDGE_FAILED_CLASS,
+    NG_FAILURE_CLASS_KEY,
+    NG_FAILURE_JUDGE_ERROR_KEY,
+)
 
 __all__ = [
     "JudgeError",
@@ -34,10 +39,8 @@ __all__ = [
 T = TypeVar("T")
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
-# The failure class and message keys a judge failure adds to a verify answer (the collector's failure keys).
-JUDGE_FAILED_CLASS = "judge_failed"
-FAILURE_CLASS_KEY = "_ng_failure_class"
-JUDGE_ERROR_KEY = "_ng_failure_judge_error"
+# The failure class and message keys a judge failure adds to a verify answer are the collector's failure keys.
+JUDGE_ERROR_KEY = NG_FAILURE_JUDGE_ERROR_KEY
 
 
 class JudgeError(Exception):
@@ -104,7 +107,7 @@ def judge_failed_answer(body: Any, error: JudgeError) -> dict:
     judge's error message (no `_ng_failure_terminal`: the rollout may be retried)."""
     answer = body.model_dump(mode="json") if hasattr(body, "model_dump") else dict(body)
     answer["reward"] = 0.0
-    answer[FAILURE_CLASS_KEY] = JUDGE_FAILED_CLASS
+    answer[NG_FAILURE_CLASS_KEY] = JUDGE_FAILED_CLASS
     answer[JUDGE_ERROR_KEY] = str(error)
     return answer
 

@@ -353,7 +353,7 @@ async def test_results_arrive_in_completion_order_with_indices_and_bounded_paral
     assert in_flight["max"] <= 3
     first = next(r for r in results if r.task_index == 4)
     assert first.ok and first.attempts == 1 and first.agent_name == "agent"
-    assert first.result == {"reward": 4.0, "seen_row": 4, T: 4, R: 0}
+    assert first.result == {"reward": 4.0, "seen_row": 4, T: 4, R: 0, "agent_ref": {"name": "agent"}}  # stamped as v0.5 does
 
 
 async def test_agent_name_is_used_for_rows_without_agent_ref_and_rows_are_not_mutated():
