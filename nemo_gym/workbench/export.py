@@ -12,6 +12,9 @@
 - `tokens`: per rollout the token ids, log probs and loss mask the model server captured
   (`nemo_gym.workbench.tokens`).
 
+`reward_component=<name>` (`--reward-component`) ranks and thresholds by one entry of a multi-reward verifier's
+`reward_components` instead of `reward`, and exports that value as the row's reward.
+
 Every rollout that is not exported is counted under a reason (`DROP_REASONS`), printed at the end with the first
 example of each. sft and tokens stream (one row in memory at a time); dpo and best-of-k group the repeats of each
 task in a temporary SQLite file (`nemo_gym.workbench.task_groups`), so memory holds one task at a time. Damaged
@@ -104,6 +107,11 @@ class ExportConfig(BaseNeMoGymCLIConfig):
         "(field), or left out (drop).",
     )
     developer_as_system: bool = Field(default=False, description="sft/dpo: write developer messages as system.")
+    reward_component: Optional[str] = Field(
+        default=None,
+        description="Use this entry of a multi-reward verifier's `reward_components` as the reward (thresholds, "
+        "ranking, the exported reward) instead of `reward`.",
+    )
     include_incomplete: bool = Field(
         default=False, description="sft/dpo: also export responses that stopped early (e.g. max_output_tokens)."
     )
@@ -158,11 +166,24 @@ class ExportReport:
 # ------------------------------------------------------------------------------------------------ per rollout
 
 
-def _reward(rollout: Mapping[str, Any]) -> Optional[float]:
-    value = rollout.get("reward")
-    if isinstance(value, (int, float)) and not math.isnan(float(value)):
+def _reward(rollout: Mapping[str, Any], component: Optional[str] = None) -> Optional[float]:
+    """`reward`, or with `component` the `reward_components[component]` of a multi-reward verifier."""
+    if component is None:
+        value = rollout.get("reward")
+    else:
+        components = rollout.get("reward_components")
+        value = components.get(component) if isinstance(components, Mapping) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(float(value)):
         return float(value)
     return None
+
+
+def _no_reward(rollout: Mapping[str, Any], component: Optional[str]) -> Unusable:
+    if component is None:
+        return Unusable("no_reward", f"reward is {rollout.get('reward')!r}")
+    components = rollout.get("reward_components")
+    names = sorted(components) if isinstance(components, Mapping) else []
+    return Unusable("no_reward", f"reward_components has no number `{component}` (it has: {', '.join(names) or 'none'})")
 
 
 def _check_complete(rollout: Mapping[str, Any], config: ExportConfig) -> None:
@@ -179,9 +200,9 @@ def _check_complete(rollout: Mapping[str, Any], config: ExportConfig) -> None:
 def _rated(rollout: Mapping[str, Any], config: ExportConfig, needs_reward: bool) -> Optional[float]:
     """The rollout's reward (None when it has none), refused when it is needed (`needs_reward`, or min_reward set)
     and missing, or below min_reward."""
-    reward = _reward(rollout)
+    reward = _reward(rollout, config.reward_component)
     if reward is None and (needs_reward or config.min_reward is not None):
-        raise Unusable("no_reward", f"reward is {rollout.get('reward')!r}")
+        raise _no_reward(rollout, config.reward_component)
     if config.min_reward is not None and reward is not None and reward < config.min_reward:
         raise Unusable("below_min_reward", f"reward {reward:g} < {config.min_reward:g}")
     return reward
@@ -265,9 +286,9 @@ def _export_dpo(config: ExportConfig, rollouts: Iterable[dict], writer: RowWrite
         for rollout in rollouts:
             try:
                 _check_complete(rollout, config)
-                reward = _reward(rollout)
+                reward = _reward(rollout, config.reward_component)
                 if reward is None:
-                    raise Unusable("no_reward", f"reward is {rollout.get('reward')!r}")
+                    raise _no_reward(rollout, config.reward_component)
                 shared = {"prompt": prompt_messages(rollout, options), "tools": chat_tools(rollout)}
                 completion = completion_messages(rollout, options)
             except Unusable as exc:

@@ -71,6 +71,7 @@ from nemo_gym.rollouts.collection import (
     repair_jsonl_tail,
     resolve_input_path,
 )
+from nemo_gym.rollouts.failure_routing import NG_FAILURE_JUDGE_ERROR_KEY, declared_failure
 from nemo_gym.rollouts.jsonl import iter_jsonl_objects
 from nemo_gym.rollouts.row_keys import FinishedRollouts, RolloutKeySpace
 
@@ -137,6 +138,14 @@ class ReverifyConfig(BaseNeMoGymCLIConfig):
     retry_backoff_s: float = Field(default=1.0, ge=0, description="Base of the backoff between attempts.")
     retry_backoff_max_s: float = Field(default=30.0, ge=0, description="Cap of one backoff sleep.")
     num_changed_rows_shown: int = Field(default=10, ge=0, description="Changed rows listed in the diff.")
+    force: bool = Field(
+        default=False,
+        description="Re-score even with a resources server whose GET /reverify_mode says `unsupported`.",
+    )
+    disable_aggregation: bool = Field(
+        default=False,
+        description="Skip /aggregate_metrics of each resources server over the output (<stem>_aggregate_metrics.json).",
+    )
     progress_bar: bool = Field(default=True, description="Show a live progress bar on stderr.")
 
 
@@ -452,6 +461,25 @@ async def _reverify_one(
     )
     # Each call was told to try once: the client's "after 1 attempt" would contradict `attempts`.
     message = message.replace(" failed after 1 attempt:", " failed:")
+    declared = declared_failure(data) if data is not None else None
+    if declared is not None:  # e.g. the judge call failed: not a score, so not a re-verified row
+        failure_class, terminal = declared
+        detail = data.get(NG_FAILURE_JUDGE_ERROR_KEY) or ""
+        return RolloutResult(
+            row,
+            result=data,
+            error_type=failure_class,
+            message=truncate_message(
+                f"POST /verify on resources server `{server}` answered failure class `{failure_class}`"
+                + (f": {detail}" if detail else "")
+            ),
+            status_code=status,
+            server=server,
+            agent_name=agent_name_of(row),
+            attempts=outcome.attempts,
+            failure_class=failure_class,
+            terminal=terminal,
+        )
     if data is not None:
         reward = data.get(REWARD_KEY_NAME)
         if isinstance(reward, bool) or not isinstance(reward, (int, float)):
@@ -629,6 +657,7 @@ def _verify_rows(
     paths: CollectionPaths,
     counts: CollectionOutcome,
     finished: Any,
+    servers: list[str],
 ) -> bool:
     """Re-verify the rows not in `finished`, appending to the output and the failures file; False if interrupted."""
     from nemo_gym.http.retry import RetryPolicy
@@ -652,8 +681,14 @@ def _verify_rows(
             record_result(result, out, fails, counts)
             display.update(result)
 
+        async def check_then_verify() -> None:
+            await check_reverify_modes(client, servers, force=config.force)
+            await _run_all(_iter_pending(input_path, routing, finished, config.limit), limit, verify, on_result)
+            if not config.disable_aggregation:
+                await _aggregate(client, routing, paths)
+
         try:
-            asyncio.run(_run_all(_iter_pending(input_path, routing, finished, config.limit), limit, verify, on_result))
+            asyncio.run(check_then_verify())
         except KeyboardInterrupt:
             return False
         finally:
@@ -661,6 +696,60 @@ def _verify_rows(
             if paths.failures.exists() and paths.failures.stat().st_size == 0:
                 paths.failures.unlink()
     return True
+
+
+async def check_reverify_modes(client: Any, servers: list[str], *, force: bool) -> None:
+    """Ask each resources server `GET /reverify_mode` (NeMo Gym v0.5): `unsupported` stops the run unless `force`;
+    `unknown` (the default of every server that does not say) and a server without the route are re-scored with a
+    warning, as `ng reverify` always did."""
+    for server in servers:
+        try:
+            response = await client.get(server, "/reverify_mode", max_attempts=1)
+            mode = orjson.loads(response.content) if 200 <= response.status_code < 300 else "unknown"
+        except Exception:
+            mode = "unknown"
+        if mode == "stateless":
+            continue
+        if mode == "unsupported":
+            if force:
+                _err(f"Warning: resources server `{server}` says its verify cannot be re-run from saved rows "
+                     "(reverify_mode `unsupported`); re-scoring anyway because of +force=true.")
+                continue
+            raise NeMoGymConfigError(
+                f"Resources server `{server}` says its verify cannot be re-run from saved rows (GET /reverify_mode: "
+                "`unsupported`), e.g. it grades state the rollout's tool calls built. Pass +force=true (--force) to "
+                "re-score anyway."
+            )
+        _err(f"Note: resources server `{server}` does not say whether its verify depends on session state "
+             f"(reverify_mode `{mode}`); re-scoring from /seed_session + /verify (set REVERIFY_MODE on its config "
+             "class to `stateless` or `unsupported` to say).")
+
+
+async def _aggregate(client: Any, routing: VerifierRouting, paths: CollectionPaths) -> None:
+    """`<stem>_aggregate_metrics.json` from each resources server's `/aggregate_metrics` over the output's rows."""
+    from nemo_gym.rollouts.aggregation import (
+        aggregate_by_agent,
+        stripped_for_aggregation,
+        write_aggregate_metrics,
+    )
+
+    groups: dict[str, list[dict]] = {}
+    for row in iter_jsonl_objects(paths.output, on_bad=lambda: None):
+        try:
+            server = routing.server_for(row)
+        except Exception:
+            continue
+        groups.setdefault(server, []).append(stripped_for_aggregation(row))
+    if not groups:
+        return
+    entries, problems = await aggregate_by_agent(client, groups)
+    for problem in problems:
+        _err(f"Warning: no aggregate metrics: {problem}")
+    if entries:
+        for entry in entries:  # keyed by resources server here
+            entry["resources_server_ref"] = entry.pop("agent_ref")
+        write_aggregate_metrics(paths.aggregate_metrics, entries)
+        print(f"Aggregate metrics: {paths.aggregate_metrics}")
 
 
 def _report(config: ReverifyConfig, paths: CollectionPaths, counts: CollectionOutcome, completed: bool) -> int:
@@ -727,7 +816,9 @@ def reverify_from_config(config: ReverifyConfig, *, server_client: Any = None) -
         if counts.cached < counts.total:  # nothing to start when every row is in the output already
             with started_servers(cfg, servers_needed(cfg, checked.servers)) as stack_cfg:
                 client = ServerClient(global_config_dict=stack_cfg)
-                completed = _verify_rows(config, client, routing, input_path, paths, counts, finished)
+                completed = _verify_rows(
+                    config, client, routing, input_path, paths, counts, finished, sorted(checked.servers)
+                )
         return _report(config, paths, counts, completed)
 
     if server_client is None:
@@ -738,5 +829,7 @@ def reverify_from_config(config: ReverifyConfig, *, server_client: Any = None) -
     routing = VerifierRouting(server_client.global_config_dict, **options)
     checked = check_rollouts_file(input_path, routing, limit=config.limit)
     counts, finished = _open_output(config, checked, paths)
-    completed = _verify_rows(config, server_client, routing, input_path, paths, counts, finished)
+    completed = _verify_rows(
+        config, server_client, routing, input_path, paths, counts, finished, sorted(checked.servers)
+    )
     return _report(config, paths, counts, completed)

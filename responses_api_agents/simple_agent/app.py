@@ -26,6 +26,8 @@ Cookies: one dict per rollout, filled from every `Set-Cookie` of every inner cal
 server, so the resources server's and the model server's sessions travel together) and sent with every inner call.
 `/v1/responses` hands the collected cookies back on its own response; `/run` threads them into `/verify`.
 
+`POST /aggregate_metrics` is passed on to the resources server (NeMo Gym v0.5), whose hooks know the task.
+
 Hot path: inner replies are parsed once with orjson and handled as plain dicts; nothing is re-validated with
 pydantic here (the resources server's `/verify` validates the final response once). `/run` runs the episode
 in-process instead of calling its own `/v1/responses` over HTTP.
@@ -43,6 +45,8 @@ from fastapi.responses import Response
 from pydantic import Field
 
 from nemo_gym.base_responses_api_agent import (
+    AggregateMetrics,
+    AggregateMetricsRequest,
     AgentRunRequest,
     AgentVerifyResponse,
     BaseResponsesAPIAgentConfig,
@@ -127,6 +131,13 @@ class SimpleAgent(SimpleResponsesAPIAgent):
             raise RuntimeError(f"resources server `{resources}` answered /verify with a non-object: {_text(verified)[:500]}")
         # Output rows keep every input field: the verifier's values win, row fields it dropped come back.
         return _json_response({**row, **result})
+
+    async def aggregate_metrics(self, body: AggregateMetricsRequest) -> AggregateMetrics:
+        """`/aggregate_metrics` is the resources server's: it knows the task (pass@k, majority@k, ...)."""
+        resources = self.config.resources_server.name
+        answered = await self.server_client.post(resources, "/aggregate_metrics", json=body.model_dump())
+        _raise_inner(answered, f"resources server `{resources}`", "/aggregate_metrics")
+        return _json_response(_parse_json(answered, f"resources server `{resources}`", "/aggregate_metrics"))
 
     # -- the episode -----------------------------------------------------------------------------------------
 

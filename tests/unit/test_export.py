@@ -454,3 +454,31 @@ def test_hugging_face_datasets_loads_the_exports_when_installed(tmp_path, monkey
     assert sft.num_rows == 2 and sft[0]["messages"][2]["tool_calls"][0]["function"]["name"] == "add"
     dpo = datasets.load_dataset("json", data_files=str(tmp_path / "dpo.jsonl"), split="train")
     assert dpo.column_names[:3] == ["prompt", "chosen", "rejected"] and dpo[0]["chosen_reward"] == 1.0
+
+
+# ------------------------------------------------------------------------------------------------ multi-reward
+
+
+def test_a_reward_component_is_the_reward_for_ranking_thresholds_and_the_exported_rows(tmp_path):
+    """`reward_component=` picks one entry of a multi-reward verifier's `reward_components`: dpo ranks by it (here the
+    opposite order to `reward`), sft thresholds by it, and a rollout without that component is dropped with a reason."""
+    rows = [
+        rollout(0, 0, 2.0, *tool_episode(1, "a"), reward_components={"correctness": 0.0, "format": 2.0}),
+        rollout(0, 1, 1.0, *tool_episode(2, "b"), reward_components={"correctness": 1.0, "format": 0.0}),
+        rollout(1, 0, 1.0, *tool_episode(3, "c")),
+    ]
+    src = [write_jsonl(tmp_path / "r.jsonl", rows)]
+
+    by_reward = export("dpo", src, tmp_path / "by_reward.jsonl")
+    by_component = export("dpo", src, tmp_path / "by_component.jsonl", reward_component="correctness")
+    assert by_reward.kept == by_component.kept == 1
+    chosen_by_reward = read_jsonl(tmp_path / "by_reward.jsonl")[0]
+    chosen_by_component = read_jsonl(tmp_path / "by_component.jsonl")[0]
+    assert chosen_by_reward["chosen"] != chosen_by_component["chosen"]
+    assert chosen_by_component["chosen"] == chosen_by_reward["rejected"]
+    assert by_component.dropped["no_reward"] == 1
+    assert "correctness" in by_component.examples["no_reward"] and "none" in by_component.examples["no_reward"]
+
+    sft = export("sft", src, tmp_path / "sft.jsonl", reward_component="correctness", min_reward=1.0)
+    kept = read_jsonl(tmp_path / "sft.jsonl")
+    assert sft.kept == 1 and kept[0]["reward"] == 1.0 and kept[0]["_ng_rollout_index"] == 1

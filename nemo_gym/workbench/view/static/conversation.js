@@ -5,9 +5,9 @@
 
 // Keys of a rollout line that are not the verifier's own fields.
 const FRAMEWORK_KEYS = new Set([
-  "responses_create_params", "response", "reward", "agent_ref", "_ng_task_index", "_ng_rollout_index",
+  "responses_create_params", "response", "reward", "reward_components", "agent_ref", "_ng_task_index", "_ng_rollout_index",
 ]);
-const FAILURE_KEYS = new Set(["row", "_ng_task_index", "_ng_rollout_index", "message", "agent_name", "error_type"]);
+const FAILURE_KEYS = new Set(["row", "result", "_ng_task_index", "_ng_rollout_index", "message", "agent_name", "error_type"]);
 
 function el(tag, attrs, ...kids) {
   const node = document.createElement(tag);
@@ -154,7 +154,8 @@ function flatUsage(usage, prefix = "", out = {}) {
 function rolloutNode(data, opts = {}) {
   const { info } = data;
   const isFailure = info.source === 1;
-  const row = isFailure ? (data.row && data.row.row) || {} : data.row || {};
+  // A failure the agent declared (a judge that failed, ...) keeps the agent's answer as `result`: show its episode.
+  const row = isFailure ? (data.row && (data.row.result || data.row.row)) || {} : data.row || {};
   const where = `task ${info.task ?? "?"} · repeat ${info.rollout ?? "?"}`;
   const head = el("div", { class: "rollout-head" },
     opts.rank ? el("span", { class: "rank" }, opts.rank) : null,
@@ -183,6 +184,8 @@ function rolloutNode(data, opts = {}) {
   parts.push(el("h3", {}, "conversation"), conversationNode(row));
   if (!isFailure) {
     const extra = Object.fromEntries(Object.entries(row).filter(([k]) => !FRAMEWORK_KEYS.has(k)));
+    const components = row.reward_components;
+    if (components && typeof components === "object") parts.push(el("h3", {}, "reward components"), kvTable(components));
     parts.push(el("h3", {}, "verifier fields"), Object.keys(extra).length ? kvTable(extra) : el("p", { class: "muted" }, "(none)"));
     const usage = row.response && row.response.usage;
     if (usage) parts.push(el("h3", {}, "usage"), kvTable(flatUsage(usage)));
