@@ -347,7 +347,7 @@ def _group_row(task: int, rollouts: list[tuple[int, Mapping[str, Any]]], stats: 
 
 def _rollout_info(task: int, rollout: int, response: Mapping[str, Any]) -> dict[str, Any]:
     """`rollout_id` `"<task>:<rollout>"`, the indices, `reward`, then the other numeric fields (usage included)."""
-    numbers = rollout_numeric_fields(response)
+    numbers = rollout_numeric_fields(response, reward_components=False)
     info: dict[str, Any] = {"rollout_id": f"{task}:{rollout}", TASK_INDEX_KEY_NAME: task}
     info[ROLLOUT_INDEX_KEY_NAME] = rollout
     if REWARD_KEY in numbers:

@@ -104,19 +104,27 @@ class RewardProfileConfig(BaseNeMoGymCLIConfig):
 # Per-rollout values and statistics
 
 
+REWARD_COMPONENTS_KEY = "reward_components"
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def rollout_numeric_fields(rollout: Mapping[str, Any]) -> dict[str, float]:
-    """The numeric fields of one rollout: top-level numbers and bools (as 0/1) plus the top-level numbers of
-    `response.usage`; nested values and the index keys are dropped."""
+def rollout_numeric_fields(rollout: Mapping[str, Any], *, reward_components: bool = True) -> dict[str, float]:
+    """The numeric fields of one rollout: top-level numbers and bools (as 0/1), the top-level numbers of
+    `response.usage`, and each `reward_components` entry as `reward_components.<name>` (our profile's addition;
+    `reward_components=False` leaves them out, as v0.5's `/aggregate_metrics` baseline does); other nested values
+    and the index keys are dropped."""
     merged: dict[str, Any] = dict(rollout)
     response = rollout.get("response")
     if isinstance(response, Mapping):
         usage = response.get("usage")
         if isinstance(usage, Mapping):
             merged.update(usage)
+    components = rollout.get(REWARD_COMPONENTS_KEY) if reward_components else None
+    if isinstance(components, Mapping):  # a multi-reward verifier's parts, each profiled on its own
+        merged.update({f"{REWARD_COMPONENTS_KEY}.{name}": value for name, value in components.items()})
     out: dict[str, float] = {}
     for key, value in merged.items():
         if key in INDEX_KEYS:
@@ -424,7 +432,8 @@ class RewardProfiler:
     def _field_values(rollouts: Iterable[Mapping[str, Any]]) -> dict[str, list[float]]:
         out: dict[str, list[float]] = {}
         for rollout in rollouts:
-            for name, value in rollout_numeric_fields(rollout).items():
+            # v0.5's baseline ignores nested dicts: a component is a metric only if also emitted top-level.
+            for name, value in rollout_numeric_fields(rollout, reward_components=False).items():
                 out.setdefault(name, []).append(value)
         return out
 

@@ -376,3 +376,8 @@ def test_the_stores_move_to_sqlite_past_their_threshold_and_keep_file_order_with
     counts.add((0, 0), [1.0])
     assert list(counts.sorted_counts((0, 0))()) == [(0.0, 1), (0.5, 1), (1.0, 3)]
     counts.close()
+
+
+def test_each_reward_component_of_a_multi_reward_verifier_is_profiled_as_its_own_field():
+    fields = rollout_numeric_fields({"reward": 1.5, "reward_components": {"correctness": 1.0, "format": 0.5}, "note": {}})
+    assert fields == {"reward": 1.5, "reward_components.correctness": 1.0, "reward_components.format": 0.5}
