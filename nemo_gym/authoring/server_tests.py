@@ -49,7 +49,7 @@ import yaml
 from pydantic import Field, field_validator
 
 from nemo_gym import PARENT_DIR
-from nemo_gym.config.types import SERVER_TYPES, BaseNeMoGymCLIConfig
+from nemo_gym.config.types import AGENT_SERVER_TYPE, SERVER_TYPES, BaseNeMoGymCLIConfig
 from nemo_gym.errors import NeMoGymConfigError, closest_match
 
 TEST_COMMAND = "ng_test"
@@ -369,11 +369,26 @@ def prepare_data_command(server_dir: Path, cwd: Optional[Path] = None) -> str:
     return command
 
 
+def example_agent_name(server_dir: Path) -> str:
+    """The agent block of the server's example config (the first `responses_api_agents` block), else the
+    scaffold's `<name>_simple_agent`."""
+    import yaml
+
+    config = Path(server_dir).parent.parent / example_config_file(server_dir)
+    try:
+        blocks = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        blocks = {}
+    for key, block in blocks.items() if isinstance(blocks, dict) else ():
+        if isinstance(block, dict) and AGENT_SERVER_TYPE in block:
+            return str(key)
+    return f"{server_dir.name}_simple_agent"
+
+
 def collect_rollouts_command(server_dir: Path) -> str:
-    name = server_dir.name
     return (
         f'ng_run "+config_paths=[{example_config_file(server_dir)},{MODEL_CONFIG}]" with your model, then '
-        f"ng_collect_rollouts +agent_name={name}_simple_agent +input_jsonl_fpath={server_label(server_dir)}/"
+        f"ng_collect_rollouts +agent_name={example_agent_name(server_dir)} +input_jsonl_fpath={server_label(server_dir)}/"
         f"{EXAMPLE_JSONL} +output_jsonl_fpath={server_label(server_dir)}/{EXAMPLE_ROLLOUTS}"
     )
 
@@ -677,7 +692,8 @@ def run_one_server_tests(config: TestConfig, global_config: Mapping, *, cwd: Opt
 
 def discover_servers(cwd: Optional[Path] = None) -> tuple[Path, list[Path], list[Path]]:
     """(root, server folders with a README.md, server folders without one). Root is the current folder when it
-    has any of the three server-type folders, else the install folder."""
+    has any of the three server-type folders, else the install folder. A folder with neither `app.py` nor
+    `configs/` is a shared library package, not a server, and is left out."""
     cwd = Path(cwd) if cwd is not None else Path.cwd()
     root = cwd if any((cwd / t).is_dir() for t in SERVER_TYPES) else PARENT_DIR
     with_readme: list[Path] = []
@@ -689,6 +705,8 @@ def discover_servers(cwd: Optional[Path] = None) -> tuple[Path, list[Path], list
         for child in sorted(type_dir.iterdir()):
             if not child.is_dir() or child.name.startswith((".", "_")):
                 continue
+            if not (child / "app.py").is_file() and not (child / "configs").is_dir():
+                continue  # a library package for servers (e.g. resources_servers/gymnasium), not a server
             (with_readme if (child / "README.md").is_file() else without).append(child)
     return root, with_readme, without
 

@@ -97,7 +97,10 @@ def test_unreadable_verdict_scores_zero_not_a_judge_error():
     assert result.reward == 0.0 and result.judge_verdict is None and result.judge_text == "Hmm, hard to say."
 
 
-@pytest.mark.parametrize("judge_reply", ["", "   \n ", make_response(reasoning("thinking only")).model_dump(mode="json")])
+REASONING_ONLY = make_response(reasoning("thinking only")).model_dump(mode="json")
+
+
+@pytest.mark.parametrize("judge_reply", ["", "   \n ", REASONING_ONLY])
 def test_empty_judge_reply_is_a_judge_error(judge_reply):
     with pytest.raises(JudgeError, match="^empty judge response$"):
         verify("Ottawa.", judge=FakeJudge(judge_reply))
@@ -269,6 +272,8 @@ def test_example_rows_validate():
 def test_verify_of_every_example_row_asks_the_judge_once():
     judge = FakeJudge(*["VERDICT: CORRECT"] * 5)
     server = new_server(judge)
-    results = [asyncio.run(server.verify(VERIFY.row_request(row, "an answer"))) for row in example_rows(__file__)]
+    rows = example_rows(__file__)
+    results = [asyncio.run(server.verify(VERIFY.row_request(row, "an answer"))) for row in rows]
     assert [r.reward for r in results] == [1.0] * 5 and len(judge.calls) == 5
-    assert [f"Question: {row['question']}\n" in judge.prompt(i) for i, row in enumerate(example_rows(__file__))] == [True] * 5
+    for i, row in enumerate(rows):
+        assert f"Question: {row['question']}\nReference answer: {row['expected_answer']}\n" in judge.prompt(i)
