@@ -33,6 +33,12 @@ from nemo_gym.config.types import AggregateMetrics, AggregateMetricsRequest, Bas
 from nemo_gym.api.schemas import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.rollouts.metrics import AggregateMetricsMixin
 from nemo_gym.servers.base import BaseServer, SimpleServer
+from nemo_gym.servers.mcp_exposure import (
+    NEMO_GYM_MCP_METADATA_KEY,
+    NEMO_GYM_MCP_SESSION_TOKEN_HEADER,
+    MCPServerMetadata,
+    MCPToolHooks,
+)
 from nemo_gym.servers.rollout_context import RolloutContextMiddleware
 from nemo_gym.verifiers.judge import judge_failsafe
 
@@ -49,6 +55,9 @@ __all__ = [
     "BaseMultiRewardVerifyResponse",
     "AggregateMetrics",
     "AggregateMetricsRequest",
+    "MCPServerMetadata",
+    "NEMO_GYM_MCP_METADATA_KEY",
+    "NEMO_GYM_MCP_SESSION_TOKEN_HEADER",
 ]
 
 
@@ -109,7 +118,7 @@ class BaseResourcesServer(BaseServer):
     config: BaseResourcesServerConfig
 
 
-class SimpleResourcesServer(AggregateMetricsMixin, BaseResourcesServer, SimpleServer):
+class SimpleResourcesServer(AggregateMetricsMixin, MCPToolHooks, BaseResourcesServer, SimpleServer):
     """A resources server as a FastAPI app: `/seed_session`, `/verify`, the subclass's tool routes, and NeMo Gym
     v0.5's `POST /aggregate_metrics` and `GET /reverify_mode`. `/verify` is wrapped in `judge_failsafe`: a
     `JudgeError` raised by verify becomes a `judge_failed` answer, not a 500 (a server that registers its own
