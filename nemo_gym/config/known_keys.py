@@ -115,6 +115,16 @@ class GlobalKeys(BaseNeMoGymCLIConfig):
         default=1024, description="Connections of the HTTP client per host."
     )
     global_aiohttp_client_request_debug: bool = Field(default=False, description="Log every HTTP client request.")
+    observability_enabled: bool = Field(
+        default=False,
+        description="Calls made for a rollout carry /ng-rollout/<rollout id> in their path, and model servers write "
+        "each model call to model_call_capture_dir (NeMo Gym v0.5).",
+    )
+    model_call_capture_dir: Optional[str] = Field(
+        default=None,
+        description="Absolute folder where model servers write <rollout id>.capture.jsonl (needed with "
+        "observability_enabled); the collector adds each rollout's calls as ng_model_call_capture.",
+    )
 
 
 POLICY_KEYS = (POLICY_BASE_URL_KEY_NAME, POLICY_API_KEY_KEY_NAME, POLICY_MODEL_NAME_KEY_NAME)

@@ -25,6 +25,9 @@ Behaviour (NeMo Gym v0.2 compatible):
   head server's `/server_instances` on first use and again when a replica fails to answer. A replica that
   refused or dropped a connection is left out of the choice for a couple of seconds (failover); a call pinned
   by its session cookie stays with its replica (its new address, after a restart).
+- **Rollout id** (NeMo Gym v0.5; inert unless the global `observability_enabled: true`): calls made while a
+  rollout id is current go to `/ng-rollout/<id><path>` where `servers/rollout_context.prefixed_url_path` says so
+  (resources servers; model servers' three dialect routes), so model servers can capture them per rollout.
 - **Bodies**: `json=` may be a pydantic model (dumped with `exclude_unset=True`) or plain data; it is
   serialized to bytes (orjson for plain data, pydantic's Rust serializer for models; nested models inside
   plain data go through orjson's `default` hook) and sent as content with `Content-Type: application/json`.
@@ -65,6 +68,7 @@ import asyncio
 from time import monotonic as _monotonic
 import atexit
 import http.cookiejar
+import inspect
 import logging
 import os
 import threading
@@ -77,6 +81,7 @@ import httpx
 import orjson
 from yarl import URL
 
+from nemo_gym.config.types import SERVER_TYPES
 from nemo_gym.config.values import config_get, is_mapping
 from nemo_gym.errors import did_you_mean
 from nemo_gym.http.lean_client import LeanClient
@@ -92,6 +97,7 @@ from nemo_gym.http.retry import (
     RetryPolicy,
     is_idempotent_method,
 )
+from nemo_gym.servers.rollout_context import observability_enabled, prefixed_url_path
 
 logger = logging.getLogger(__name__)
 
@@ -352,7 +358,8 @@ def _status_of(response: Any) -> int:
 
 
 async def _read_body(response: Any) -> bytes:
-    """The body of a ServerResponse, an `aiohttp.ClientResponse` or an `httpx.Response`."""
+    """The body of a ServerResponse, an `aiohttp.ClientResponse`, an `httpx.Response` or any response with
+    `.content` bytes (e.g. an `httpx2.Response` from starlette's TestClient)."""
     if isinstance(response, ServerResponse):
         return response._body
     if isinstance(response, httpx.Response):
@@ -360,21 +367,32 @@ async def _read_body(response: Any) -> bytes:
             return response.content
         except httpx.ResponseNotRead:
             return await response.aread()
-    return await response.read()  # aiohttp.ClientResponse (reads once, then serves the cached body)
+    if not isinstance(response, aiohttp.ClientResponse):
+        content = getattr(response, "content", None)
+        if isinstance(content, (bytes, bytearray)):
+            return bytes(content)
+    body = response.read()  # aiohttp.ClientResponse (reads once, then serves the cached body)
+    return await body if inspect.isawaitable(body) else body
+
+
+def _attr(obj: Any, name: str, kind: Any, default: Any = None) -> Any:
+    """`obj.name` when it is of `kind`, else `default` (test doubles answer every attribute with a mock)."""
+    value = getattr(obj, name, None)
+    return value if isinstance(value, kind) else default
 
 
 def _http_error(response: Any, body: bytes) -> NeMoGymHTTPError:
-    text = body.decode("utf-8", errors="replace")
+    text = body.decode("utf-8", errors="replace") if isinstance(body, (bytes, bytearray)) else str(body)
     status = _status_of(response)
-    server_name = getattr(response, "server_name", None)
-    attempts = getattr(response, "attempts", None)
+    server_name = _attr(response, "server_name", str)
+    attempts = _attr(response, "attempts", int)
     if isinstance(response, httpx.Response):
         request = response._request  # None for hand-built responses
         method, url = (request.method, request.url) if request is not None else ("", None)
         reason = response.reason_phrase
     else:
-        method, url = getattr(response, "method", "") or "", getattr(response, "url", None)
-        reason = getattr(response, "reason", None) or ""
+        method, url = _attr(response, "method", str, ""), _attr(response, "url", (str, URL))
+        reason = _attr(response, "reason", str, "")
     where = f"{method} {url}" if method and url is not None else "request"
     if server_name:
         where += f" (server `{server_name}`)"
@@ -449,7 +467,7 @@ def encode_cookie_header(cookies: CookiesLike) -> Optional[str]:
     caller decided to send them)."""
     if not cookies:
         return None
-    if isinstance(cookies, httpx.Cookies):
+    if isinstance(getattr(cookies, "jar", None), http.cookiejar.CookieJar):  # httpx.Cookies, httpx2.Cookies
         pairs = [f"{c.name}={c.value}" for c in cookies.jar]
     elif isinstance(cookies, SimpleCookie):
         pairs = [f"{name}={morsel.coded_value}" for name, morsel in cookies.items()]
@@ -973,6 +991,13 @@ class ServerClient(RetryingClient):
         self._client_timeout = _client_timeout(self._timeout_dict)
         # A transport of your own (tests: httpx.MockTransport; benchmarks); None = the shared one per loop.
         self._transport = transport
+        # `observability_enabled: true`: calls made for a rollout carry its id (`_rollout_url_path`). True until the
+        # config is read, then the flag itself, so with observability off a request pays one attribute check.
+        self._rollout_prefixing = True
+        self._observability_known = False
+        self._server_types: dict[str, Optional[str]] = {}
+        if global_config_dict is not None:
+            self._read_observability(global_config_dict)
 
     # -- config -------------------------------------------------------------------------------------------
 
@@ -990,6 +1015,35 @@ class ServerClient(RetryingClient):
         self._base_urls.clear()
         self._urls.clear()
         self._replicas.clear()
+        self._server_types.clear()
+        self._rollout_prefixing, self._observability_known = True, False
+        if value is not None:
+            self._read_observability(value)
+
+    def _read_observability(self, cfg: Any) -> None:
+        self._rollout_prefixing = observability_enabled(cfg)
+        self._observability_known = True
+
+    def _rollout_url_path(self, server_name: str, url_path: str, body: Any) -> str:
+        """`url_path` with the current rollout's `/ng-rollout/<id>` prefix where it belongs
+        (`servers/rollout_context.prefixed_url_path`); unchanged while observability is off."""
+        if not self._observability_known:
+            self._read_observability(self.global_config_dict)
+            if not self._rollout_prefixing:
+                return url_path
+        server_type = self._server_types.get(server_name, False)
+        if server_type is False:
+            server_type = self._server_type(server_name)
+            self._server_types[server_name] = server_type
+        return prefixed_url_path(server_type, url_path, body)
+
+    def _server_type(self, server_name: str) -> Optional[str]:
+        """`resources_servers`, `responses_api_models`, ... : the kind of block `server_name` is, or None."""
+        try:
+            block = self.global_config_dict[server_name]
+            return next((t for t in SERVER_TYPES if t in block), None) if is_mapping(block) else None
+        except Exception:  # unknown server: the request itself says so
+            return None
 
     def base_url(self, server_name: str) -> str:
         """`http://host:port` of a server id (cached). For Ray actor replicas: the first one with an address."""
@@ -1186,6 +1240,8 @@ class ServerClient(RetryingClient):
         Retries as described in the module docstring; `max_attempts` overrides the client's bound for one
         call, `idempotent` whether repeating it is harmless (default: by method). The response is returned for
         every status (use `raise_for_status`)."""
+        if self._rollout_prefixing:  # observability on (or the config not read yet)
+            url_path = self._rollout_url_path(server_name, url_path, json)
         url = self._urls.get((server_name, url_path))
         if url is None:
             url = self._build_url(server_name, url_path)
@@ -1356,3 +1412,35 @@ def _parse_config_body(body: bytes) -> Any:
         return OmegaConf.create(text)
     except ImportError:  # pragma: no cover
         return text
+
+
+# --------------------------------------------------------------------------------------------------------
+# Process-level helpers (NeMo Gym v0.5 `server_utils`; `nemo_gym.http.external` builds on the first two)
+
+
+def get_global_aiohttp_session(global_config_dict: Any = None) -> Optional[aiohttp.ClientSession]:
+    """The running event loop's shared aiohttp session (created on first use, sized from `global_config_dict`),
+    or None under the `httpx` transport, which has none. Call from async code."""
+    return _get_state(global_config_dict).session
+
+
+def close_idle_global_clients() -> None:
+    """Close the shared transports of event loops that are not running now (those of running loops are left to
+    `close_global_client()` on their loop)."""
+    with _states_lock:
+        idle = [s for s in _states.values() if not s.loop.is_running()]
+        for state in idle:
+            _states.pop(id(state.loop), None)
+    for state in idle:
+        if state.closed or state.loop.is_closed():
+            continue
+        try:
+            state.loop.run_until_complete(state.aclose())
+        except Exception:  # pragma: no cover - best effort
+            logger.debug("closing an idle shared transport failed", exc_info=True)
+
+
+def get_server_url(server_name: str) -> str:
+    """`http://host:port` of server id `server_name` in this process's global config (an unknown id is a
+    `ValueError` listing the known ones)."""
+    return ServerClient(head_server_config=None, global_config_dict=None).base_url(server_name)

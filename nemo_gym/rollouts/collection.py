@@ -47,6 +47,12 @@ import orjson
 from pydantic import Field, ValidationError, field_validator
 
 from nemo_gym.rollouts.jsonl import iter_jsonl_objects
+from nemo_gym.servers.model_call_capture import (
+    ModelCallCaptureConfig,
+    clear_capture,
+    merge_model_call_capture_into_record,
+)
+from nemo_gym.servers.rollout_context import maybe_rollout_id_from_run_body
 from nemo_gym.rollouts.row_keys import FinishedRollouts, RolloutKeySpace, TaskIndexMap
 from nemo_gym.config.types import AGENT_SERVER_TYPE, BaseNeMoGymCLIConfig, format_validation_errors
 from nemo_gym.errors import NeMoGymConfigError, did_you_mean
@@ -123,6 +129,13 @@ class RolloutCollectionConfig(BaseNeMoGymCLIConfig):
         default=None, ge=1, description="Use only the first `limit` non-blank input lines (before repeats)."
     )
     num_repeats: Optional[int] = Field(default=None, ge=1, description="Rollouts per input line (null = 1).")
+    prompt_config: Optional[str] = Field(
+        default=None,
+        description=(
+            "A prompt template YAML (`user`, optional `system`, with {field} placeholders filled from each row's "
+            "top-level fields) that writes every row's responses_create_params.input; rows must not bring an input."
+        ),
+    )
     num_repeats_add_seed: bool = Field(
         default=False, description="Set responses_create_params.seed to the rollout index of each repeat."
     )
@@ -332,8 +345,17 @@ class RowPreprocessor:
         known_agents: Optional[Iterable[str]] = None,
         validate_params: bool = True,
         spill_after: Optional[int] = None,
+        prompt_config: Optional[str] = None,
     ) -> None:
         self.agent_name = agent_name
+        self.prompt = None  # `apply(row)` of the prompt template, loaded once (a bad path fails here)
+        if prompt_config:
+            from nemo_gym.rollouts.prompts import prompt_row_applier
+
+            try:
+                self.prompt = prompt_row_applier(prompt_config)
+            except (OSError, ValueError) as exc:
+                raise NeMoGymConfigError(f"+prompt_config={prompt_config}: {exc}") from None
         self.num_repeats = 1 if num_repeats is None else int(num_repeats)
         if self.num_repeats < 1:
             raise ValueError("num_repeats must be >= 1")
@@ -363,6 +385,8 @@ class RowPreprocessor:
             raise _RowProblem(f"invalid JSON: {exc}") from None
         if not isinstance(row, dict):
             raise _RowProblem(f"expected a JSON object, got {type(row).__name__}")
+        if self.prompt is not None:
+            row = self._render_prompt(row)
         params = row.get("responses_create_params")
         if params is None:
             raise _RowProblem("missing `responses_create_params` (the model call parameters, with `input`)")
@@ -391,6 +415,20 @@ class RowPreprocessor:
                 f"unknown agent `{name}`: the running stack has agents {known}.{did_you_mean(name, self.known_agents)}"
             )
         return row
+
+    def _render_prompt(self, row: dict) -> dict:
+        """The row with its input written by the prompt template (a row that brings its own input is refused)."""
+        from nemo_gym.rollouts.prompts import has_input
+
+        if has_input(row):
+            raise _RowProblem(
+                "has a non-empty `responses_create_params.input`, but +prompt_config writes the input; remove the "
+                "row's input (keep the fields the template uses) or drop +prompt_config"
+            )
+        try:
+            return self.prompt(row)
+        except (KeyError, ValueError) as exc:
+            raise _RowProblem(str(exc.args[0]) if exc.args else str(exc)) from None
 
     def task_index(self, line: bytes) -> int:
         """The task index of a line (a new one for a line not seen yet); hands out no rollout index."""
@@ -712,6 +750,7 @@ async def _run_one(
     request_timeout_s: Optional[float],
     retry_policy: RetryPolicy,
     max_rollout_attempts: int = 1,
+    capture_dir: Optional[str] = None,
 ) -> RolloutResult:
     agent = agent_name_of(row) or agent_name
     if not agent:
@@ -724,6 +763,8 @@ async def _run_one(
     extra = {"max_attempts": 1} if isinstance(server_client, ServerClient) else {}
 
     async def post() -> Any:
+        if capture_dir is not None:  # the model calls of this attempt only
+            clear_capture(capture_dir, maybe_rollout_id_from_run_body(row))
         async with asyncio.timeout(request_timeout_s):
             return await server_client.post(agent, "/run", json=row, **extra)
 
@@ -742,8 +783,12 @@ async def _run_one(
             data[TASK_INDEX_KEY_NAME] = row[TASK_INDEX_KEY_NAME]
         if ROLLOUT_INDEX_KEY_NAME in row:
             data[ROLLOUT_INDEX_KEY_NAME] = row[ROLLOUT_INDEX_KEY_NAME]
+        if ATTEMPT_INDEX_KEY_NAME in row:
+            data[ATTEMPT_INDEX_KEY_NAME] = row[ATTEMPT_INDEX_KEY_NAME]
         if not isinstance(data.get("agent_ref"), dict):  # v0.5 stamps it: aggregation groups by it
             data["agent_ref"] = {"name": agent}
+        if capture_dir is not None:
+            merge_model_call_capture_into_record(data, capture_dir)
         declared = declared_failure(data)
         if declared is None:
             return RolloutResult(row, result=data, agent_name=agent, attempts=attempts)
@@ -778,6 +823,16 @@ async def _run_one(
         agent_name=agent,
         attempts=attempts,
     )
+
+
+def _capture_dir(server_client: Any) -> Optional[str]:
+    """Where model servers write this stack's model calls (`observability_enabled` + `model_call_capture_dir`), or
+    None when they do not."""
+    config = getattr(server_client, "global_config_dict", None)
+    if config is None:
+        return None
+    capture = ModelCallCaptureConfig.from_global_config(config)
+    return str(capture.model_call_capture_dir) if capture.capturing else None
 
 
 class _WorkerDone:
@@ -836,6 +891,7 @@ async def iter_rollouts(
         request_timeout_s=request_timeout_s,
         retry_policy=retry_policy,
         max_rollout_attempts=get_max_rollout_attempts(),
+        capture_dir=_capture_dir(server_client),
     )
 
     async def work() -> None:
@@ -1163,6 +1219,7 @@ def run_from_config(
             num_repeats_add_seed=config.num_repeats_add_seed,
             responses_create_params=config.responses_create_params,
             known_agents=known_agents,
+            prompt_config=config.prompt_config,
         )
 
     finished: Union[set[int], FinishedRollouts] = set()

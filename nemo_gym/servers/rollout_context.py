@@ -16,7 +16,7 @@ import re
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Optional
 
-from nemo_gym.config.types import ROLLOUT_PATH_PREFIX
+from nemo_gym.config.types import MODEL_SERVER_TYPE, RESOURCES_SERVER_TYPE, ROLLOUT_PATH_PREFIX
 
 __all__ = [
     "ROLLOUT_PATH_PREFIX",
@@ -28,7 +28,10 @@ __all__ = [
     "rollout_path_prefix",
     "apply_rollout_prefix",
     "split_rollout_prefix",
+    "strip_raw_prefix",
     "observability_enabled",
+    "MODEL_CALL_PATHS",
+    "prefixed_url_path",
 ]
 
 OBSERVABILITY_ENABLED_KEY_NAME = "observability_enabled"
@@ -109,6 +112,39 @@ def split_rollout_prefix(path: str) -> tuple[Optional[str], str]:
     return rollout_id, "/" + rest
 
 
+# The model-server routes whose calls carry the rollout id (the ones a model server captures).
+MODEL_CALL_PATHS = frozenset({"/v1/responses", "/v1/chat/completions", "/v1/messages"})
+_VERIFY_PATH = "/verify"
+
+
+def prefixed_url_path(server_type: Optional[str], url_path: str, body: Any = None) -> str:
+    """The path `ServerClient` sends a call to, with observability on: `/ng-rollout/<id>` in front for a call to a
+    resources server (`resources_servers`) while a rollout id is current (for `/verify` also the id of the body's
+    indices), and for a call to a model server (`responses_api_models`) on one of `MODEL_CALL_PATHS` while one is
+    current; any other call, or an already prefixed path, unchanged."""
+    path = url_path if url_path.startswith("/") else "/" + url_path
+    if path.startswith(_PREFIX):
+        return url_path
+    if server_type == RESOURCES_SERVER_TYPE:
+        rollout_id = _current.get()
+        if rollout_id is None and body is not None and path.partition("?")[0] == _VERIFY_PATH:
+            rollout_id = maybe_rollout_id_from_run_body(body)
+    elif server_type == MODEL_SERVER_TYPE and path.partition("?")[0] in MODEL_CALL_PATHS:
+        rollout_id = _current.get()
+    else:
+        return url_path
+    return url_path if rollout_id is None else rollout_path_prefix(rollout_id) + path
+
+
+def strip_raw_prefix(scope: dict, rest: str) -> bytes:
+    """The request target without the rollout prefix, as sent (percent-escapes kept); the prefix is plain ASCII."""
+    raw = scope.get("raw_path")
+    prefix = scope["path"][: len(scope["path"]) - len(rest)].encode("ascii")
+    if isinstance(raw, bytes) and raw.startswith(prefix):
+        return raw[len(prefix) :]
+    return rest.encode("utf-8")
+
+
 def observability_enabled(global_config: Any = None) -> bool:
     """The global `observability_enabled` flag (this process's global config when none is given)."""
     from nemo_gym.config.values import truthy
@@ -143,6 +179,6 @@ class RolloutContextMiddleware:
         if rollout_id is None:
             await self.app(scope, receive, send)
             return
-        scope = dict(scope, path=rest, raw_path=rest.encode("latin-1"))
+        scope = dict(scope, path=rest, raw_path=strip_raw_prefix(scope, rest))
         with rollout_context(rollout_id):
             await self.app(scope, receive, send)
