@@ -49,6 +49,7 @@ __all__ = [
     "NeMoGymResponseInputContent",
     "NeMoGymResponseInputMessageContentList",
     # items
+    "RoutedExperts",
     "TokenIDLogProbMixin",
     "NeMoGymEasyInputMessage",
     "NeMoGymMessage",
@@ -59,6 +60,9 @@ __all__ = [
     "NeMoGymFunctionCallOutput",
     "NeMoGymSummary",
     "NeMoGymResponseReasoningItem",
+    "NeMoGymResponseMcpCall",
+    "NeMoGymResponseMcpListTools",
+    "NeMoGymResponseMcpApprovalRequest",
     "NeMoGymEasyInputMessageForTraining",
     "NeMoGymMessageForTraining",
     "NeMoGymResponseOutputMessageForTraining",
@@ -224,12 +228,20 @@ _ITEM_CONFIG = ConfigDict(extra="allow", from_attributes=True)
 _ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 
+# Which experts a mixture-of-experts model routed each token to, for training (NeMo Gym v0.5): an opaque string
+# envelope, or ints indexed [token][moe_layer][top_k]. The framework never looks inside; clients send it back
+# unchanged on the item it came on.
+RoutedExperts = Union[str, list[list[list[int]]]]
+
+
 class TokenIDLogProbMixin(BaseModel):
-    """Token information a training-mode model server attaches to generated items."""
+    """Token information a training-mode model server attaches to generated items (the last output item of each
+    model call). ``routed_experts`` is optional and left out of dumps while unset."""
 
     prompt_token_ids: list[int]
     generation_token_ids: list[int]
     generation_log_probs: list[float]
+    routed_experts: Optional[RoutedExperts] = Field(default=None, exclude_if=_is_none)
 
 
 class NeMoGymEasyInputMessage(BaseModel):
@@ -331,6 +343,47 @@ class NeMoGymResponseReasoningItem(BaseModel):
     status: Optional[_ItemStatus] = Field(default=None, exclude=True)
 
 
+class NeMoGymResponseMcpCall(BaseModel):
+    """A call a hosted MCP server ran for the model (an output item of upstreams with hosted MCP tools). ``id``
+    and ``server_label`` may be missing (some upstreams leave them out)."""
+
+    model_config = _ITEM_CONFIG
+
+    arguments: str
+    name: str
+    type: Literal["mcp_call"] = "mcp_call"
+    id: Optional[str] = None
+    server_label: Optional[str] = None
+    approval_request_id: Optional[str] = None
+    error: Any = None
+    output: Optional[str] = None
+    status: Optional[str] = None
+
+
+class NeMoGymResponseMcpListTools(BaseModel):
+    """The tools a hosted MCP server offered (``tools``: ``{name, input_schema, description?, annotations?}``)."""
+
+    model_config = _ITEM_CONFIG
+
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    type: Literal["mcp_list_tools"] = "mcp_list_tools"
+    id: Optional[str] = None
+    server_label: Optional[str] = None
+    error: Optional[str] = None
+
+
+class NeMoGymResponseMcpApprovalRequest(BaseModel):
+    """A hosted MCP call waiting for the caller's approval."""
+
+    model_config = _ITEM_CONFIG
+
+    arguments: str
+    name: str
+    type: Literal["mcp_approval_request"] = "mcp_approval_request"
+    id: Optional[str] = None
+    server_label: Optional[str] = None
+
+
 class NeMoGymEasyInputMessageForTraining(NeMoGymEasyInputMessage, TokenIDLogProbMixin):
     pass
 
@@ -366,6 +419,9 @@ _ITEM_MODELS: dict[str, type[BaseModel]] = {
     "function_call": NeMoGymResponseFunctionToolCall,
     "function_call_output": NeMoGymFunctionCallOutput,
     "reasoning": NeMoGymResponseReasoningItem,
+    "mcp_call": NeMoGymResponseMcpCall,
+    "mcp_list_tools": NeMoGymResponseMcpListTools,
+    "mcp_approval_request": NeMoGymResponseMcpApprovalRequest,
 }
 for _tag, _model in list(_ITEM_MODELS.items()):
     if _model in RESPONSES_TO_TRAIN:
@@ -373,7 +429,9 @@ for _tag, _model in list(_ITEM_MODELS.items()):
 del _tag, _model
 _ITEM_TAG_BY_CLASS: dict[type, str] = {model: tag for tag, model in _ITEM_MODELS.items()}
 _TRAINABLE_TAGS = frozenset(tag + "_train" for tag in _ITEM_MODELS if tag + "_train" in _ITEM_MODELS)
-_NON_MESSAGE_TYPES = frozenset({"function_call", "function_call_output", "reasoning"})
+_NON_MESSAGE_TYPES = frozenset(
+    {"function_call", "function_call_output", "reasoning", "mcp_call", "mcp_list_tools", "mcp_approval_request"}
+)
 
 
 def _classify_item(
@@ -434,7 +492,8 @@ NeMoGymResponseInputItem = Annotated[
         custom_error_type="invalid_response_item",
         custom_error_message=(
             "Unknown Responses item: expected a message (a 'role', with 'type' missing or 'message') or an item "
-            "whose 'type' is one of function_call, function_call_output, reasoning"
+            "whose 'type' is one of function_call, function_call_output, reasoning, mcp_call, mcp_list_tools, "
+            "mcp_approval_request"
         ),
     ),
 ]
@@ -602,6 +661,11 @@ class NeMoGymResponse(BaseModel):
     truncation: Optional[str] = None
     usage: Optional[NeMoGymResponseUsage] = None
     user: Optional[str] = None
+    # Newer fields of the OpenAI SDK's ``Response`` that v0.5 tests build expected responses with. Other fields an
+    # SDK version adds are kept as extras (and dumped back) all the same.
+    conversation: Optional[_SDKDict] = None
+    prompt_cache_key: Optional[str] = None
+    safety_identifier: Optional[str] = None
 
     @property
     def output_text(self) -> str:

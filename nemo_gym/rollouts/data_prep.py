@@ -51,6 +51,10 @@ Decisions:
 - A file listed by several in-scope dataset entries gets one set of side outputs per entry, named
   `X_<agent>_metrics.json` / `X_<agent>_prepare.jsonl`, since each carries its own `agent_ref`.
 - All outputs are written to a temporary file and renamed into place.
+- A dataset entry with `prompt_config` (NeMo Gym v0.5 declares it on benchmark datasets) has its template
+  (`nemo_gym.rollouts.prompts`) rendered into every row's `responses_create_params.input` before the row is
+  checked, measured and written, so the prepared files hold the rendered input. Its rows must not bring an input
+  of their own (reported like any other invalid line).
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ from nemo_gym.config.types import (
     format_validation_errors,
 )
 from nemo_gym.errors import NeMoGymConfigError
+from nemo_gym.rollouts.prompts import PromptConfig, apply_prompt_to_row, load_prompt_config
 
 __all__ = [
     "TrainDataProcessorConfig",
@@ -193,6 +198,7 @@ class DatasetToPrepare:
     path: Path  # absolute
     resources_server_name: Optional[str] = None
     shared: bool = False  # the same file is listed by another in-scope entry
+    prompt_config: Optional[PromptConfig] = None  # rendered into each row's input (`prompt_config` of the entry)
 
     @property
     def label(self) -> str:
@@ -270,7 +276,8 @@ def find_datasets_in_scope(
             path = Path(os.path.expanduser(dataset.jsonl_fpath))
             if not path.is_absolute():
                 path = cwd / path
-            found.append(DatasetToPrepare(spec.server_id, dataset, path, resources_name))
+            prompt = _dataset_prompt_config(spec.server_id, index, dataset, raw)
+            found.append(DatasetToPrepare(spec.server_id, dataset, path, resources_name, prompt_config=prompt))
 
     if not found:
         wanted = " or ".join(in_scope)
@@ -289,6 +296,19 @@ def find_datasets_in_scope(
     for item in found:
         item.shared = counts[item.path] > 1
     return found
+
+
+def _dataset_prompt_config(agent: str, index: int, dataset: DatasetConfig, raw: Any) -> Optional[PromptConfig]:
+    """The template named by a dataset entry's `prompt_config`, loaded once (None without one)."""
+    path = getattr(dataset, "prompt_config", None)
+    if path is None and isinstance(raw, dict):
+        path = raw.get("prompt_config")
+    if path is None:
+        return None
+    try:
+        return load_prompt_config(path)
+    except NeMoGymConfigError as err:
+        raise NeMoGymConfigError(f"Agent `{agent}`: datasets[{index}] ({dataset.name}): {err}") from None
 
 
 def check_dataset_files(config: TrainDataProcessorConfig, datasets: list[DatasetToPrepare]) -> None:
@@ -694,14 +714,20 @@ def _iter_lines(path: Path) -> Iterator[tuple[int, str]]:
                 yield number, line
 
 
-def _check_row(line: str, verify: VerifyModel) -> tuple[Optional[dict], Optional[str]]:
-    """(row, None) when the line is a valid row, else (None, reason)."""
+def _check_row(
+    line: str, verify: VerifyModel, prompt: Optional[PromptConfig] = None
+) -> tuple[Optional[dict], Optional[str]]:
+    """(row, None) when the line is a valid row (with `prompt` rendered into its input), else (None, reason)."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError as err:
         return None, f"not valid JSON ({err.msg} at column {err.colno})"
     if not isinstance(row, dict):
         return None, f"a row must be a JSON object, got {type(row).__name__ if row is not None else 'null'}"
+    if prompt is not None:
+        row, reason = _render_prompt(row, prompt)
+        if reason is not None:
+            return None, reason
     params = row.get("responses_create_params")
     if params is None:
         return None, "missing `responses_create_params` (the model call parameters, with `input`)"
@@ -722,13 +748,28 @@ def _check_row(line: str, verify: VerifyModel) -> tuple[Optional[dict], Optional
     return row, None
 
 
+def _render_prompt(row: dict, prompt: PromptConfig) -> tuple[Optional[dict], Optional[str]]:
+    params = row.get("responses_create_params")
+    if isinstance(params, dict) and params.get("input") not in (None, "", []):
+        return None, (
+            f"has its own `responses_create_params.input`, but the dataset's prompt_config ({prompt.source}) writes "
+            "the input; remove the row's input or the prompt_config"
+        )
+    try:
+        return apply_prompt_to_row(row, prompt), None
+    except KeyError as err:
+        return None, str(err.args[0] if err.args else err)
+    except ValueError as err:
+        return None, str(err)
+
+
 def validate_and_measure(
     item: DatasetToPrepare, verify: VerifyModel, errors: "list[RowError] | RowErrorCollector"
 ) -> DatasetMetricsAccumulator:
     """Stream one file: append every invalid line to `errors`, return the aggregates of the valid ones."""
     accumulator = DatasetMetricsAccumulator()
     for number, line in _iter_lines(item.path):
-        row, reason = _check_row(line, verify)
+        row, reason = _check_row(line, verify, item.prompt_config)
         if reason is not None:
             errors.append(RowError(item, number, reason))
             continue
@@ -830,13 +871,19 @@ def _agent_ref(agent_name: str) -> dict[str, str]:
 
 
 def _write_prepared(item: DatasetToPrepare, prepare_out: TextIO, collated_out: TextIO) -> int:
-    """Copy the file's rows with `agent_ref` set, each `num_repeats` times, into both outputs."""
+    """Copy the file's rows with `agent_ref` set (and the dataset's prompt rendered), each `num_repeats` times,
+    into both outputs."""
     ref = _agent_ref(item.agent_name)
     ref_suffix = ', "agent_ref": ' + json.dumps(ref) + "}\n"
+    prompt = item.prompt_config
     written = 0
     for _, line in _iter_lines(item.path):
         body = line.rstrip()
-        if '"agent_ref"' not in body and body.endswith("}"):
+        if prompt is not None:
+            row = apply_prompt_to_row(json.loads(line), prompt)
+            row["agent_ref"] = ref
+            text = json.dumps(row) + "\n"
+        elif '"agent_ref"' not in body and body.endswith("}"):
             # Fast path (pass 1 proved the line is a JSON object without agent_ref): append the key in place.
             text = body[:-1].rstrip() + ref_suffix
         else:

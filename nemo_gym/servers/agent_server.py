@@ -12,8 +12,6 @@ verifier added (what `simple_agent` does).
 
 from __future__ import annotations
 
-import functools
-import inspect
 from abc import abstractmethod
 from typing import Any, Optional
 
@@ -23,6 +21,7 @@ from pydantic import ConfigDict
 from nemo_gym.config.types import ROLLOUT_PATH_PREFIX, AggregateMetrics, AggregateMetricsRequest
 from nemo_gym.rollouts.metrics import AggregateMetricsMixin
 from nemo_gym.servers.resources_server import BaseRunRequest, BaseVerifyResponse
+from nemo_gym.servers.endpoint_wrapping import wraps_endpoint
 from nemo_gym.servers.rollout_context import (
     apply_rollout_prefix,
     maybe_rollout_id_from_run_body,
@@ -102,13 +101,12 @@ class SimpleResponsesAPIAgent(AggregateMetricsMixin, DialectsMixin, BaseResponse
     def _run_in_rollout_context(self, run: Any) -> Any:
         """`run` wrapped so its body's rollout id is the current one while it runs (same signature for FastAPI)."""
 
-        @functools.wraps(run)
+        @wraps_endpoint(run)
         async def run_in_context(*args: Any, **kwargs: Any) -> Any:
             body = kwargs.get("body", args[0] if args else None)
             with rollout_context(self.rollout_id_from_run(body)):
                 return await run(*args, **kwargs)
 
-        run_in_context.__signature__ = inspect.signature(run)  # type: ignore[attr-defined]
         return run_in_context
 
     def rollout_id_from_run(self, body: Any) -> Optional[str]:

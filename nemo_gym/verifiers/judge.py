@@ -13,14 +13,13 @@ Wrap the judge call, not the whole verify, so a bug in your own scoring code sti
 
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import Any, Awaitable, Callable, TypeVar
 
 import orjson
 from pydantic import BaseModel
 
 from nemo_gym.http.client import raise_for_status
+from nemo_gym.servers.endpoint_wrapping import wraps_endpoint
 from nemo_gym.rollouts.failure_routing import (
     JUDGE_FAILED_CLASS,
     NG_FAILURE_CLASS_KEY,
@@ -118,7 +117,7 @@ def judge_failsafe(verify_fn: Callable[..., Awaitable[Any]]) -> Callable[..., Aw
     if getattr(verify_fn, "__nemo_gym_judge_failsafe__", False):
         return verify_fn
 
-    @functools.wraps(verify_fn)
+    @wraps_endpoint(verify_fn)
     async def verify(*args: Any, **kwargs: Any) -> Any:
         try:
             return await verify_fn(*args, **kwargs)
@@ -127,6 +126,5 @@ def judge_failsafe(verify_fn: Callable[..., Awaitable[Any]]) -> Callable[..., Aw
 
             return JSONResponse(judge_failed_answer(_find_body(args, kwargs), error))
 
-    verify.__signature__ = inspect.signature(verify_fn)  # type: ignore[attr-defined]
     verify.__nemo_gym_judge_failsafe__ = True  # type: ignore[attr-defined]
     return verify

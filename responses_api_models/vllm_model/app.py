@@ -83,6 +83,44 @@ _TOKENIZE_KEYS = (
 _METADATA_OVERRIDES = ("chat_template_kwargs", "extra_body")
 
 
+class VLLMConverter:
+    """The Responses -> Chat Completions conversion this server applies, usable on its own (NeMo Gym v0.5 agents
+    import it from here, e.g. to render a request as chat messages and count its prompt tokens with the backend's
+    `/tokenize`). A thin front over `nemo_gym.api.chat_conversion.responses_to_chat_params`; the flags mean what
+    this server's config keys of the same names mean."""
+
+    def __init__(
+        self,
+        return_token_id_information: bool = False,
+        *,
+        uses_reasoning_parser: bool = False,
+        replace_developer_role_with_system: bool = False,
+    ) -> None:
+        self.return_token_id_information = return_token_id_information
+        self.uses_reasoning_parser = uses_reasoning_parser
+        self.replace_developer_role_with_system = replace_developer_role_with_system
+
+    def responses_to_chat_completion_create_params(
+        self, body: Union[NeMoGymResponseCreateParamsNonStreaming, Mapping[str, Any]]
+    ) -> NeMoGymChatCompletionCreateParamsNonStreaming:
+        """The Chat Completions request for Responses request `body` (a model or a dict of the keys set): messages
+        (instructions as a leading system message), tools, sampling fields. Fields with no Chat Completions
+        equivalent are left out. Raises `ChatConversionError` for input that cannot be expressed."""
+        if isinstance(body, NeMoGymResponseCreateParamsNonStreaming):
+            params = body.model_dump(exclude_unset=True)
+        else:
+            params = NeMoGymResponseCreateParamsNonStreaming.model_validate(dict(body)).model_dump(exclude_unset=True)
+        chat, _unmapped = responses_to_chat_params(
+            params,
+            training=self.return_token_id_information,
+            replace_developer_role_with_system=self.replace_developer_role_with_system,
+            uses_reasoning_parser=self.uses_reasoning_parser,
+        )
+        if params.get("model") is not None:
+            chat.setdefault("model", params["model"])
+        return NeMoGymChatCompletionCreateParamsNonStreaming.model_validate(chat)
+
+
 class VLLMModelConfig(BaseResponsesAPIModelConfig):
     base_url: Union[str, list[str]]
     api_key: Optional[str] = None

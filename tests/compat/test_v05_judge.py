@@ -442,5 +442,5 @@ def test_failsafe_keeps_the_signature():
         raise JudgeError("down")
 
     wrapped = judge_failsafe(verify)
-    assert inspect.signature(wrapped) == inspect.signature(verify)
+    assert inspect.signature(wrapped) == inspect.signature(verify, eval_str=True)  # annotations resolved for FastAPI
     assert wrapped.__name__ == "verify"

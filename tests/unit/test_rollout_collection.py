@@ -767,3 +767,41 @@ def test_a_mistyped_agent_name_is_an_error_even_when_rows_name_their_agent(tmp_p
     with pytest.raises(NeMoGymConfigError, match=r"weather_agnt.*Did you mean `weather_agent`"):
         run_from_config(config, server_client=client)
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_prompt_config_writes_every_rows_input_before_repeats_and_refuses_rows_it_cannot_render(tmp_path):
+    """`+prompt_config` (NeMo Gym v0.5): the template renders each row's input from its top-level fields into the
+    materialized inputs; a row that brings its own input, or lacks a field the template uses, is a file:line
+    problem like any other; a missing template file fails before any row is read."""
+    template = tmp_path / "math.yaml"
+    template.write_text("system: 'Answer with a number.'\nuser: 'What is {a} + {b}? Use {{braces}}.'\n")
+    rows = [{"a": 1, "b": 2, "agent_ref": {"name": "agent"}}, {"a": 3, "b": 4, "responses_create_params": {"temperature": 0.5}}]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out_materialized_inputs.jsonl"
+    materialize_input_file(src, out, agent_name="agent", num_repeats=2, prompt_config=str(template))
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(written) == 4
+    first = written[0]["responses_create_params"]["input"]
+    assert first == [
+        {"role": "system", "content": "Answer with a number."},
+        {"role": "user", "content": "What is 1 + 2? Use {braces}."},
+    ]
+    assert written[2]["responses_create_params"] == {
+        "temperature": 0.5,
+        "input": [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "What is 3 + 4? Use {braces}."}],
+    }
+
+    bad = write_jsonl(
+        tmp_path / "bad.jsonl",
+        [{"a": 1, "b": 2}, {"a": 1, "responses_create_params": {"input": "own"}}, {"a": 1}],
+    )
+    with pytest.raises(InputValidationError) as err:
+        materialize_input_file(bad, tmp_path / "bad_out.jsonl", agent_name="agent", prompt_config=str(template))
+    assert [p.line for p in err.value.problems] == [2, 3]
+    message = str(err.value)
+    assert f"{bad}:2: has a non-empty `responses_create_params.input`" in message
+    assert f"{bad}:3:" in message and "{b}" in message
+
+    with pytest.raises(NeMoGymConfigError) as missing:
+        materialize_input_file(src, out, agent_name="agent", prompt_config=str(tmp_path / "nope.yaml"))
+    assert "nope.yaml" in str(missing.value)
