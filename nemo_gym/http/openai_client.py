@@ -6,6 +6,7 @@ harmless, so a 500 or a dropped connection is retried too).
 """
 
 import asyncio
+from types import MappingProxyType
 from typing import Any, Mapping, Optional, Union
 
 import httpx
@@ -77,6 +78,9 @@ class NeMoGymAsyncOpenAI(RetryingClient):
     forever"); here every retry budget is bounded.
     """
 
+    # The extra headers sent with every request (v0.5 reads them off the client).
+    default_headers: Mapping[str, str] = MappingProxyType({})
+
     def __init__(
         self,
         base_url: str,
@@ -109,6 +113,7 @@ class NeMoGymAsyncOpenAI(RetryingClient):
             self._headers["Authorization"] = f"Bearer {api_key}"
         if default_headers:
             self._headers.update(default_headers)
+        self.default_headers: dict[str, str] = dict(default_headers or {})  # v0.5 exposes what it was given
         self._http: Optional[httpx.AsyncClient] = http_client
         self._owns_http = http_client is None
         self._http_loop: Optional[asyncio.AbstractEventLoop] = None
@@ -118,6 +123,10 @@ class NeMoGymAsyncOpenAI(RetryingClient):
 
     async def create_chat_completion(self, **kwargs: Any) -> dict:
         return await self._request("POST", f"{self.base_url}/chat/completions", kwargs)
+
+    async def create_completion(self, **kwargs: Any) -> dict:
+        """`POST {base}/completions` (text completions: a `prompt` of text or token ids)."""
+        return await self._request("POST", f"{self.base_url}/completions", kwargs)
 
     async def create_response(self, **kwargs: Any) -> dict:
         return await self._request("POST", f"{self.base_url}/responses", kwargs)

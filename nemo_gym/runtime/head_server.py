@@ -41,7 +41,7 @@ class HeadServer:
         self.app = self._build_app()
 
     def _build_app(self) -> Starlette:
-        # Plain Starlette: the head server has three tiny routes, and FastAPI's import would cost `ng_run` ~0.4 s.
+        # Plain Starlette: the head server has four tiny routes, and FastAPI's import would cost `ng_run` ~0.4 s.
         async def global_config_dict_yaml(request: Request) -> Response:
             if request.query_params.get("raw", "").lower() in ("1", "true", "yes"):
                 return PlainTextResponse(self.config_yaml, media_type="application/yaml")
@@ -53,11 +53,15 @@ class HeadServer:
         async def health(request: Request) -> Response:
             return _json({"status": "ok", "name": "head_server", "version": __version__})
 
+        async def liveness(request: Request) -> Response:  # NeMo Gym v0.5's `GET /` on every server
+            return _json({"status": "ok"})
+
         return Starlette(
             routes=[
                 Route("/global_config_dict_yaml", global_config_dict_yaml, methods=["GET"]),
                 Route("/server_instances", server_instances, methods=["GET"]),
                 Route("/health", health, methods=["GET"]),
+                Route("/", liveness, methods=["GET"]),
             ]
         )
 

@@ -496,6 +496,17 @@ class BaseServer(BaseModel):
 
         return load_server_config(cls.config_class())  # type: ignore[return-value]
 
+    def setup_liveness(self, app: FastAPI) -> None:
+        """`GET /` -> `{"status": "ok"}` (NeMo Gym v0.5's liveness route), unless the app serves `/` itself."""
+        routes = app.router.routes
+        if any(getattr(r, "path", None) == "/" and "GET" in (getattr(r, "methods", None) or ()) for r in routes):
+            return
+
+        async def liveness() -> dict:
+            return {"status": "ok"}
+
+        app.add_api_route("/", liveness, methods=["GET"], include_in_schema=False)
+
 
 class SimpleServer(BaseServer):
     """A FastAPI server with signed-cookie sessions, `/health`, the exception middleware and `run_webserver`."""
@@ -561,16 +572,6 @@ class SimpleServer(BaseServer):
             return {**payload, "in_flight": max(0, len(_SERVING.server_state.tasks) - 1)}
 
         app.add_api_route("/health", health, methods=["GET"], include_in_schema=False)
-
-    def setup_liveness(self, app: FastAPI) -> None:
-        """`GET /` -> `{"status": "ok"}` (NeMo Gym v0.5's liveness route), unless the app serves `/` itself."""
-        if any(getattr(route, "path", None) == "/" and "GET" in (getattr(route, "methods", None) or ()) for route in app.router.routes):
-            return
-
-        async def liveness() -> dict:
-            return {"status": "ok"}
-
-        app.add_api_route("/", liveness, methods=["GET"], include_in_schema=False)
 
     def setup_request_validation_logging(self, app: FastAPI) -> None:
         """Print request validation errors (errors and body, truncated), then answer FastAPI's usual 422."""

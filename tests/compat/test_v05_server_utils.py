@@ -279,3 +279,54 @@ async def test_raise_for_status_on_a_real_response_of_request(echo_server):
         await raise_for_status(resp)
     assert info.value.response_content == "upstream exploded"
     assert info.value.status == 500
+
+
+def test_liveness_answers_get_slash_on_the_head_server_and_every_server_base():
+    """`GET /` -> `{"status": "ok"}` (v0.5): the head server, and `setup_liveness` (on `BaseServer`) as `prepare_app` uses
+    it; an app that serves `/` itself keeps its own route."""
+    import httpx as httpx_client
+    from fastapi import FastAPI
+
+    from nemo_gym.server_utils import BaseServer, SimpleServer
+
+    port = free_port()
+    head = HeadServer("{}", lambda: [])
+    head.start(socket.create_server(("127.0.0.1", port)))
+    try:
+        assert httpx_client.get(f"http://127.0.0.1:{port}/").json() == {"status": "ok"}
+    finally:
+        head.stop()
+
+    assert SimpleServer.setup_liveness is BaseServer.setup_liveness
+    own = FastAPI()
+
+    @own.get("/")
+    async def mine() -> dict:
+        return {"mine": True}
+
+    BaseServer.setup_liveness(None, own)  # the method reads nothing of the server
+    plain = FastAPI()
+    BaseServer.setup_liveness(None, plain)
+
+    for app, expected in ((own, {"mine": True}), (plain, {"status": "ok"})):
+        with live_server(app) as base:
+            assert httpx_client.get(base + "/").json() == expected
+
+
+def test_async_openai_create_completion_posts_to_completions_with_the_default_headers():
+    from nemo_gym.openai_utils import NeMoGymAsyncOpenAI
+
+    seen: list = []
+
+    async def completions(request: Request):
+        seen.append((request.url.path, request.headers.get("x-team"), await request.json()))
+        return JSONResponse({"object": "text_completion", "choices": [{"text": " 4", "index": 0}]})
+
+    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+
+    with live_server(app) as base:
+        client = NeMoGymAsyncOpenAI(base + "/v1", api_key="k", default_headers={"X-Team": "gym"})
+        assert client.default_headers == {"X-Team": "gym"}
+        answer = asyncio.run(client.create_completion(model="m", prompt="2 + 2 =", max_tokens=2))
+    assert answer["choices"][0]["text"] == " 4"
+    assert seen == [("/v1/completions", "gym", {"model": "m", "prompt": "2 + 2 =", "max_tokens": 2})]
