@@ -39,7 +39,7 @@ from nemo_gym.base_responses_api_agent import (
 )
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
-from responses_api_agents.simple_agent.app import _add_usage, _parse_json, _raise_inner, _update_cookies
+from nemo_gym.servers.agent_calls import add_usage, parse_inner_json, raise_for_inner_status, update_cookies
 
 __all__ = ["GymnasiumAgentConfig", "GymnasiumRunRequest", "GymnasiumRunResponse", "GymnasiumAgent"]
 
@@ -98,8 +98,8 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
         resources = self.config.resources_server.name
         who = f"resources server `{resources}`"
         answer = await self.server_client.post(resources, "/aggregate_metrics", json=body.model_dump())
-        _raise_inner(answer, who, "/aggregate_metrics")
-        return AggregateMetrics.model_validate(_parse_json(answer, who, "/aggregate_metrics"))
+        raise_for_inner_status(answer, who, "/aggregate_metrics")
+        return AggregateMetrics.model_validate(parse_inner_json(answer, who, "/aggregate_metrics"))
 
     # -- the episode -----------------------------------------------------------------------------------------
 
@@ -133,7 +133,7 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
             if not isinstance(output, list):
                 raise RuntimeError(f"{policy} answered /v1/responses without an `output` list: {last!r:.1000}")
             trajectory.extend(output)
-            usage = _add_usage(usage, last.get("usage"))
+            usage = add_usage(usage, last.get("usage"))
 
             stepped = await self._post(resources, "/step", {**row, "response": last}, row, cookies, env)
             reward += _number(stepped.get("reward"), env)
@@ -163,9 +163,9 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
         answer = await self.server_client.post(server, self.url_path_for_run(path, row), json=payload, cookies=cookies)
         if answer.status == 404 and path in ("/reset", "/step"):
             who += " (it has no such route: gymnasium_agent needs a resources server built on GymnasiumServer)"
-        _raise_inner(answer, who, path)
-        _update_cookies(cookies, answer)
-        data = _parse_json(answer, who, path)
+        raise_for_inner_status(answer, who, path)
+        update_cookies(cookies, answer)
+        data = parse_inner_json(answer, who, path)
         if not isinstance(data, dict):
             raise RuntimeError(f"{who} answered POST {path} with a non-object: {data!r:.500}")
         return data

@@ -54,7 +54,8 @@ from nemo_gym.base_responses_api_agent import (
 )
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.http.client import NeMoGymHTTPError, ServerResponse
+from nemo_gym.http.client import NeMoGymHTTPError  # noqa: F401  (importable from here, as before)
+from nemo_gym.servers.agent_calls import add_usage, inner_text, parse_inner_json, raise_for_inner_status, update_cookies
 
 __all__ = ["SimpleAgentConfig", "SimpleAgentRunRequest", "SimpleAgentVerifyResponse", "SimpleAgent"]
 
@@ -113,22 +114,22 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         client = self.server_client
 
         seeded = await client.post(resources, "/seed_session", json=row, cookies=cookies)
-        _raise_inner(seeded, f"resources server `{resources}`", "/seed_session")
-        _update_cookies(cookies, seeded)
+        raise_for_inner_status(seeded, f"resources server `{resources}`", "/seed_session")
+        update_cookies(cookies, seeded)
 
         if type(self).responses is SimpleAgent.responses:
             response = await self.run_episode(row["responses_create_params"], cookies)
         else:  # a subclass customised /v1/responses: go through it, as the reference always does
             answered = await client.post(self.config.name, "/v1/responses", json=row["responses_create_params"], cookies=cookies)
-            _raise_inner(answered, f"agent `{self.config.name}`", "/v1/responses")
-            _update_cookies(cookies, answered)
-            response = _parse_json(answered, f"agent `{self.config.name}`", "/v1/responses")
+            raise_for_inner_status(answered, f"agent `{self.config.name}`", "/v1/responses")
+            update_cookies(cookies, answered)
+            response = parse_inner_json(answered, f"agent `{self.config.name}`", "/v1/responses")
 
         verified = await client.post(resources, "/verify", json={**row, "response": response}, cookies=cookies)
-        _raise_inner(verified, f"resources server `{resources}`", "/verify")
-        result = _parse_json(verified, f"resources server `{resources}`", "/verify")
+        raise_for_inner_status(verified, f"resources server `{resources}`", "/verify")
+        result = parse_inner_json(verified, f"resources server `{resources}`", "/verify")
         if not isinstance(result, dict):
-            raise RuntimeError(f"resources server `{resources}` answered /verify with a non-object: {_text(verified)[:500]}")
+            raise RuntimeError(f"resources server `{resources}` answered /verify with a non-object: {inner_text(verified)[:500]}")
         # Output rows keep every input field: the verifier's values win, row fields it dropped come back.
         return _json_response({**row, **result})
 
@@ -136,8 +137,8 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         """`/aggregate_metrics` is the resources server's: it knows the task (pass@k, majority@k, ...)."""
         resources = self.config.resources_server.name
         answered = await self.server_client.post(resources, "/aggregate_metrics", json=body.model_dump())
-        _raise_inner(answered, f"resources server `{resources}`", "/aggregate_metrics")
-        return _json_response(_parse_json(answered, f"resources server `{resources}`", "/aggregate_metrics"))
+        raise_for_inner_status(answered, f"resources server `{resources}`", "/aggregate_metrics")
+        return _json_response(parse_inner_json(answered, f"resources server `{resources}`", "/aggregate_metrics"))
 
     # -- the episode -----------------------------------------------------------------------------------------
 
@@ -161,16 +162,16 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         while True:
             step += 1
             sent = await client.post(model, "/v1/responses", json={**params, "input": original + new_outputs}, cookies=cookies)
-            _raise_inner(sent, f"model server `{model}`", "/v1/responses")
-            _update_cookies(cookies, sent)
-            last = _parse_json(sent, f"model server `{model}`", "/v1/responses")
+            raise_for_inner_status(sent, f"model server `{model}`", "/v1/responses")
+            update_cookies(cookies, sent)
+            last = parse_inner_json(sent, f"model server `{model}`", "/v1/responses")
             output = last.get("output") if isinstance(last, dict) else None
             if not isinstance(output, list):
                 raise RuntimeError(
-                    f"model server `{model}` answered /v1/responses without an `output` list: {_text(sent)[:1000]}"
+                    f"model server `{model}` answered /v1/responses without an `output` list: {inner_text(sent)[:1000]}"
                 )
             new_outputs.extend(output)
-            usage = _add_usage(usage, last.get("usage"))
+            usage = add_usage(usage, last.get("usage"))
 
             if last.get("incomplete_details"):
                 break
@@ -239,10 +240,10 @@ class SimpleAgent(SimpleResponsesAPIAgent):
             reply = await self.server_client.post(resources, "/" + name, **kwargs)
         except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
             return error(f"the tool did not answer within {timeout} s ({type(exc).__name__})")
-        _update_cookies(cookies, reply)
+        update_cookies(cookies, reply)
 
         status = reply.status
-        text = _text(reply)
+        text = inner_text(reply)
         if status < 400:
             return {"type": "function_call_output", "call_id": call_id, "output": text}
         detail = _error_detail(text)
@@ -261,65 +262,6 @@ def _json_response(data: Any) -> Response:
     return Response(orjson.dumps(data), media_type="application/json")
 
 
-def _text(response: ServerResponse) -> str:
-    return response.content.decode("utf-8", errors="replace")
-
-
-def _update_cookies(cookies: dict[str, str], response: ServerResponse) -> None:
-    """Take the `Set-Cookie`s of one inner response (name=value only; a Max-Age=0 deletes)."""
-    for header in response.headers.getall("set-cookie", ()):
-        pair, _, attributes = header.partition(";")
-        name, eq, value = pair.partition("=")
-        name = name.strip()
-        if not eq or not name:
-            continue
-        if "max-age" in attributes.lower() and _expires_now(attributes):
-            cookies.pop(name, None)
-        else:
-            cookies[name] = value.strip()
-
-
-def _expires_now(attributes: str) -> bool:
-    for attribute in attributes.split(";"):
-        key, _, value = attribute.partition("=")
-        if key.strip().lower() == "max-age":
-            try:
-                return int(value.strip()) <= 0
-            except ValueError:
-                return False
-    return False
-
-
-def _raise_inner(response: ServerResponse, who: str, path: str) -> None:
-    """An inner server's HTTP error fails the rollout: 500 from our exception middleware, naming the server."""
-    status = response.status
-    if status < 400:
-        return
-    text = _text(response)
-    if len(text) > _ERROR_DETAIL_CHARS:
-        text = text[:_ERROR_DETAIL_CHARS] + "...[truncated]"
-    content = f"{who} answered POST {path} with HTTP {status}: {text}"
-    raise NeMoGymHTTPError(
-        content,
-        response=response,
-        response_content=content,
-        server_name=response.server_name,
-        attempts=response.attempts,
-        status=status,
-        method=response.method,
-        url=response.url,
-    )
-
-
-def _parse_json(response: ServerResponse, who: str, path: str) -> Any:
-    try:
-        return orjson.loads(response.content)
-    except orjson.JSONDecodeError as exc:
-        raise RuntimeError(
-            f"{who} answered POST {path} with a body that is not JSON ({exc}): {_text(response)[:1000]!r}"
-        ) from None
-
-
 def _error_detail(text: str) -> Any:
     try:
         detail = orjson.loads(text)
@@ -328,41 +270,6 @@ def _error_detail(text: str) -> Any:
     if len(text) > _ERROR_DETAIL_CHARS:
         return text[:_ERROR_DETAIL_CHARS] + "...[truncated]"
     return detail
-
-
-def _count(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _add_usage(total: Optional[dict], usage: Any) -> Optional[dict]:
-    """Add one model call's usage to the running total (None until a call reports usage)."""
-    if not isinstance(usage, dict):
-        return total
-    n_in = _count(usage.get("input_tokens"))
-    n_out = _count(usage.get("output_tokens"))
-    n_total = usage.get("total_tokens")
-    n_total = n_in + n_out if n_total is None else _count(n_total)
-    in_details = usage.get("input_tokens_details")
-    out_details = usage.get("output_tokens_details")
-    cached = _count(in_details.get("cached_tokens")) if isinstance(in_details, dict) else 0
-    reasoning = _count(out_details.get("reasoning_tokens")) if isinstance(out_details, dict) else 0
-    if total is None:
-        return {
-            "input_tokens": n_in,
-            "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens": n_out,
-            "output_tokens_details": {"reasoning_tokens": reasoning},
-            "total_tokens": n_total,
-        }
-    total["input_tokens"] += n_in
-    total["input_tokens_details"]["cached_tokens"] += cached
-    total["output_tokens"] += n_out
-    total["output_tokens_details"]["reasoning_tokens"] += reasoning
-    total["total_tokens"] += n_total
-    return total
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ from nemo_gym.testing.fake_openai_server import build_app as build_fake_backend
 from nemo_gym.testing.live_server import live_server, live_servers
 from nemo_gym.testing.script import tool_call as call
 from nemo_gym.testing.servers import make_server, make_server_client, server_config
-from responses_api_agents.simple_agent.app import SimpleAgent, SimpleAgentConfig, _add_usage, _update_cookies
+from nemo_gym.servers.agent_calls import add_usage as _add_usage, update_cookies as _update_cookies
+from responses_api_agents.simple_agent.app import SimpleAgent, SimpleAgentConfig
 from responses_api_models.openai_model.app import SimpleModelServer
 
 # ------------------------------------------------------------------------------------------------------------
