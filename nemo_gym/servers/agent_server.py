@@ -23,6 +23,7 @@ from nemo_gym.rollouts.metrics import AggregateMetricsMixin
 from nemo_gym.servers.resources_server import BaseRunRequest, BaseVerifyResponse
 from nemo_gym.servers.endpoint_wrapping import wraps_endpoint
 from nemo_gym.servers.rollout_context import (
+    RolloutContextMiddleware,
     apply_rollout_prefix,
     maybe_rollout_id_from_run_body,
     observability_enabled,
@@ -83,6 +84,8 @@ class SimpleResponsesAPIAgent(AggregateMetricsMixin, DialectsMixin, BaseResponse
                 "/aggregate_metrics": self.aggregate_metrics,
             }
         )
+        # The twin route's handler runs in its rollout's context, so its tool and model calls carry the id too.
+        app.add_middleware(RolloutContextMiddleware, strip_prefix=False)
         return app
 
     @abstractmethod

@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse, Response
 
 from nemo_gym.servers.asgi_body import read_body, replay_body
 
-__all__ = ["HotRoutes"]
+__all__ = ["HotRoutes", "exception_handler_for"]
 
 _ROUTE_KEY = "nemo_gym.hot_route"
 _VALUE_KEY = "nemo_gym.hot_body"
@@ -139,6 +139,20 @@ def _app_is_plain(app: FastAPI, own_middleware: tuple[type, ...]) -> bool:
     return all(key in _DEFAULT_HANDLERS for key in app.exception_handlers)
 
 
+def exception_handler_for(app: FastAPI, exc: Exception) -> Any:
+    """The app's handler for `exc` (FastAPI's defaults unless the app replaced them), as FastAPI picks it; None
+    when the exception is not handled (our exception middleware answers 500)."""
+    handlers = app.exception_handlers
+    for cls in type(exc).__mro__:
+        if cls in handlers:
+            return handlers[cls]
+    if isinstance(exc, HTTPException):
+        return http_exception_handler
+    if isinstance(exc, RequestValidationError):
+        return request_validation_exception_handler
+    return None
+
+
 def _middleware_to_recreate(app: FastAPI) -> list:
     """The app's middleware minus what only acts on paths that are never hot (`hot_routes_transparent`, e.g. the
     rollout-prefix middleware: a prefixed path is not an exact hot path, so FastAPI's whole stack answers it)."""
@@ -230,7 +244,7 @@ class HotRoutes:
         try:
             return await hot.endpoint(**kwargs)
         except Exception as exc:
-            handler = self._handler_for(exc)
+            handler = exception_handler_for(self.app, exc)
             if handler is None:
                 raise  # to the exception middleware, as on FastAPI's path
             if request is None:
@@ -285,18 +299,6 @@ class HotRoutes:
             return
         errors.log_status(scope, status)
         responder.respond(status, headers, content)
-
-    def _handler_for(self, exc: Exception) -> Any:
-        """The app's handler for `exc` (FastAPI's defaults unless the app replaced them), as FastAPI picks it."""
-        handlers = self.app.exception_handlers
-        for cls in type(exc).__mro__:
-            if cls in handlers:
-                return handlers[cls]
-        if isinstance(exc, HTTPException):
-            return http_exception_handler
-        if isinstance(exc, RequestValidationError):
-            return request_validation_exception_handler
-        return None
 
 
 def _is_json(headers: Any) -> bool:

@@ -39,7 +39,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional
 from fastapi import FastAPI
 from fastapi.dependencies.utils import get_typed_signature
 from fastapi.encoders import jsonable_encoder
-from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from nemo_gym.servers.hot_routes import exception_handler_for
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -634,7 +634,7 @@ class _Dispatcher:
     async def _error_answer(self, exc: Exception, request: Request) -> tuple[int, str]:
         """(status, detail) of what the HTTP route would have answered for `exc`: the app's exception handler for
         it (FastAPI's for HTTPException and validation errors), else our exception middleware's 500."""
-        handler = self._handler_for(exc)
+        handler = exception_handler_for(self.app, exc)
         if handler is not None:
             response = handler(request, exc)
             if inspect.isawaitable(response):
@@ -642,16 +642,6 @@ class _Dispatcher:
             return response.status_code, _detail(bytes(getattr(response, "body", b"") or b""))
         return 500, self.errors.describe(exc, request.scope)
 
-    def _handler_for(self, exc: Exception) -> Any:
-        handlers = self.app.exception_handlers
-        for cls in type(exc).__mro__:
-            if cls in handlers:
-                return handlers[cls]
-        if isinstance(exc, HTTPException):
-            return http_exception_handler
-        if isinstance(exc, RequestValidationError):
-            return request_validation_exception_handler
-        return None
 
 
 def _validate_body(model: type[BaseModel], raw: bytes, arguments: dict) -> BaseModel:

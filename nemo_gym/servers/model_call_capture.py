@@ -10,8 +10,9 @@ rollout whose answer has arrived has all its calls on disk. Several requests and
 file: each line is written whole under a file lock (`CaptureStore`).
 
 The collector reads a rollout's file back as `ModelCallRecord`s (usage, finish reason, tool calls, latency, per
-dialect) and adds their summary to the rollout's result (`merge_model_call_capture_into_record`); it deletes the
-files of rows it is about to dispatch (`clear_capture`), so a rerun starts clean.
+dialect) and adds their summary to the rollout's result (`merge_model_call_capture_into_record`), joining the
+agent's own observations (`ng_agent_observations`) with those calls on the way; it deletes the files of rows it is
+about to dispatch (`clear_capture`), so a rerun starts clean.
 
 Only prefixed requests are touched. Those are never hot routes (`servers/hot_routes.py`), so the middleware says
 `hot_routes_transparent` and unprefixed calls keep the fast path without passing through it. The model server does
@@ -35,13 +36,18 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from nemo_gym.api.streaming import DONE, ChatChunkAccumulator, SSEDecoder
 from nemo_gym.errors import NeMoGymConfigError
+from nemo_gym.rollouts.agent_observations import (
+    AGENT_OBSERVATION_JOIN_FAILED,
+    AGENT_OBSERVATIONS_KEY,
+    join_agent_observations,
+)
 from nemo_gym.servers.asgi_body import read_body, replay_body
 from nemo_gym.servers.rollout_context import (
     OBSERVABILITY_ENABLED_KEY_NAME,
     ROLLOUT_PATH_PREFIX,
     maybe_rollout_id_from_run_body,
     split_rollout_prefix,
-    strip_raw_prefix,
+    unprefixed_scope,
 )
 
 try:  # POSIX; elsewhere appends rely on O_APPEND alone
@@ -462,6 +468,12 @@ _GAP_UNREADABLE = "model_call_capture_unreadable"
 def summarize_model_call_capture(capture_dir: Union[str, os.PathLike], rollout_id: str) -> dict:
     """`{rollout_id, metrics, calls, gaps?}` for one rollout's capture file (calls in start order, without
     request/response payloads)."""
+    records, gaps = _read_capture(capture_dir, rollout_id)
+    return _summary(rollout_id, records, gaps)
+
+
+def _read_capture(capture_dir: Union[str, os.PathLike], rollout_id: str) -> tuple[list[ModelCallRecord], list[dict]]:
+    """The rollout's calls as records (with payloads, in start order) and the gaps met reading them."""
     gaps: list[dict] = []
     records: list[ModelCallRecord] = []
     store = CaptureStore(capture_dir)
@@ -485,6 +497,10 @@ def summarize_model_call_capture(capture_dir: Union[str, os.PathLike], rollout_i
             gaps.append({"code": _GAP_RECORDS_UNREADABLE, "detail": f"{readout.unreadable_lines} unreadable line(s)"})
         if not records and not readout.unreadable_lines and readout.incomplete is None:
             gaps.append({"code": _GAP_NO_RECORDS})
+    return records, gaps
+
+
+def _summary(rollout_id: str, records: list[ModelCallRecord], gaps: list[dict]) -> dict:
     metrics = {
         "tokens_in": sum(r.tokens_in or 0 for r in records),
         "tokens_out": sum(r.tokens_out or 0 for r in records),
@@ -502,14 +518,32 @@ def summarize_model_call_capture(capture_dir: Union[str, os.PathLike], rollout_i
 def merge_model_call_capture_into_record(record: Any, capture_dir: Union[str, os.PathLike, None]) -> Any:
     """Add `ng_model_call_capture` (`summarize_model_call_capture`) to a collected result (a dict, changed in
     place and returned). Nothing happens without a capture dir or without `_ng_task_index` / `_ng_rollout_index`
-    in the record; every other field (reward, response, ...) is left as it is."""
+    in the record. A result with `ng_agent_observations` has that bundle joined with the captured calls and
+    rewritten with their ids (`rollouts/agent_observations.py`); what cannot be joined is an
+    `agent_observation_join_failed` gap of the summary, never an error. Every other field (reward, response, ...)
+    is left as it is."""
     if not capture_dir or not isinstance(record, dict):
         return record
     rollout_id = maybe_rollout_id_from_run_body(record)
     if rollout_id is None:
         return record
-    record[MODEL_CALL_CAPTURE_KEY] = summarize_model_call_capture(capture_dir, rollout_id)
+    records, gaps = _read_capture(capture_dir, rollout_id)
+    if record.get(AGENT_OBSERVATIONS_KEY) is not None:
+        gaps.extend(_join_observations(record, records, rollout_id))
+    record[MODEL_CALL_CAPTURE_KEY] = _summary(rollout_id, records, gaps)
     return record
+
+
+def _join_observations(record: dict, records: list[ModelCallRecord], rollout_id: str) -> list[dict]:
+    """Rewrite the result's bundle with the captured call ids; the join's gaps (an unexpected error too) as dicts."""
+    try:
+        join = join_agent_observations(record[AGENT_OBSERVATIONS_KEY], records, rollout_id=rollout_id)
+    except Exception as exc:  # a result is never lost over its observations
+        logger.warning("joining the agent observations of rollout %s failed: %r", rollout_id, exc)
+        detail = f"the join failed, bundle kept as sent: {type(exc).__name__}: {exc}"
+        return [{"code": AGENT_OBSERVATION_JOIN_FAILED, "detail": detail[:2000]}]
+    record[AGENT_OBSERVATIONS_KEY] = join.bundle
+    return [gap.model_dump(mode="json", exclude_none=True) for gap in join.gaps]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -538,14 +572,12 @@ class ModelCallCaptureMiddleware:
         self.store = store
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(_PREFIX):
+        unprefixed = unprefixed_scope(scope)
+        if unprefixed is None:
             await self.app(scope, receive, send)
             return
-        rollout_id, rest = split_rollout_prefix(scope["path"])
-        if rollout_id is None:
-            await self.app(scope, receive, send)
-            return
-        scope = dict(scope, path=rest, raw_path=strip_raw_prefix(scope, rest))
+        rollout_id, scope = unprefixed
+        rest = scope["path"]
         dialect = CAPTURED_DIALECTS.get(rest) if self.store is not None and scope["method"] == "POST" else None
         if dialect is None:
             await self.app(scope, receive, send)

@@ -29,6 +29,7 @@ __all__ = [
     "apply_rollout_prefix",
     "split_rollout_prefix",
     "strip_raw_prefix",
+    "unprefixed_scope",
     "observability_enabled",
     "MODEL_CALL_PATHS",
     "prefixed_url_path",
@@ -145,6 +146,17 @@ def strip_raw_prefix(scope: dict, rest: str) -> bytes:
     return rest.encode("utf-8")
 
 
+def unprefixed_scope(scope: dict) -> Optional[tuple[str, dict]]:
+    """`(rollout id, the scope with the prefix taken off path and raw_path)` for an HTTP request to
+    `/ng-rollout/<id>/<rest>`; None for any other request (the common case costs one `startswith`)."""
+    if scope["type"] != "http" or not scope["path"].startswith(_PREFIX):
+        return None
+    rollout_id, rest = split_rollout_prefix(scope["path"])
+    if rollout_id is None:
+        return None
+    return rollout_id, dict(scope, path=rest, raw_path=strip_raw_prefix(scope, rest))
+
+
 def observability_enabled(global_config: Any = None) -> bool:
     """The global `observability_enabled` flag (this process's global config when none is given)."""
     from nemo_gym.config.values import truthy
@@ -163,22 +175,25 @@ def observability_enabled(global_config: Any = None) -> bool:
 
 
 class RolloutContextMiddleware:
-    """Pure ASGI: a request to `/ng-rollout/<id>/<rest>` is served as `/<rest>` inside `rollout_context(id)`."""
+    """Pure ASGI: a request to `/ng-rollout/<id>/<rest>` is served as `/<rest>` inside `rollout_context(id)`.
+
+    `strip_prefix=False` keeps the path as it came (agents route `/ng-rollout/{rollout_id}/v1/responses` themselves)
+    and only makes the id current, so the calls the handler makes carry it too."""
 
     # Only prefixed paths are touched, and those are never hot routes (servers/hot_routes.py).
     hot_routes_transparent = True
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, strip_prefix: bool = True) -> None:
         self.app = app
+        self.strip_prefix = strip_prefix
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(_PREFIX):
+        unprefixed = unprefixed_scope(scope)
+        if unprefixed is None:
             await self.app(scope, receive, send)
             return
-        rollout_id, rest = split_rollout_prefix(scope["path"])
-        if rollout_id is None:
-            await self.app(scope, receive, send)
-            return
-        scope = dict(scope, path=rest, raw_path=strip_raw_prefix(scope, rest))
+        rollout_id, stripped = unprefixed
+        if self.strip_prefix:
+            scope = stripped
         with rollout_context(rollout_id):
             await self.app(scope, receive, send)
