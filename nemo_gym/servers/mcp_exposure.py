@@ -44,7 +44,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -396,7 +395,7 @@ def _check_tools(server: Any, tools: list[MCPTool]) -> None:
                 f"{label}: the handler of {where} cannot be called directly over MCP: "
                 + "; ".join(tool.problems or ["it was not harvested from a route"])
                 + ". Give it the shape `async def tool(self, body: Model)` (optionally with `request: Request`), "
-                f"leave it out in mcp_tools(), or set expose_tools_over_mcp: false."
+                "leave it out in mcp_tools(), or set expose_tools_over_mcp: false."
             )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from contextlib import asynccontextmanager
 from importlib.metadata import version
 from typing import Any, Optional
 
@@ -34,37 +33,13 @@ from nemo_gym.server_utils import SESSION_ID_KEY
 from nemo_gym.testing.responses import function_call, function_call_output, make_response
 from nemo_gym.testing.servers import make_server, make_server_client, server_config
 from nemo_gym.testing.stack import ChildProcess, NgRunStack, server_instances
+from nemo_gym.testing.mcp_client import mcp_session, wire
 from tests.conftest import REPO_ROOT, free_port
 
 pytest.importorskip("mcp")
 
 # -------------------------------------------------------------------------------------------------------------
 # The official client, for either SDK major version
-
-
-@asynccontextmanager
-async def mcp_session(url: str, token: Optional[str] = None):
-    """An initialised session of the official MCP client over streamable HTTP, sending `token` in the session token
-    header. mcp 2.x builds its transport on httpx2, 1.x on httpx; releases before 1.2x only take `headers=`."""
-    from mcp import ClientSession
-    from mcp.client import streamable_http
-
-    headers = {TOKEN_HEADER: token} if token else {}
-    if not hasattr(streamable_http, "streamable_http_client"):
-        transport = streamable_http.streamablehttp_client(url, headers=headers)
-    else:
-        http = __import__("httpx2" if int(version("mcp").split(".")[0]) >= 2 else "httpx")
-        client = http.AsyncClient(headers=headers, timeout=30)
-        transport = streamable_http.streamable_http_client(url, http_client=client)
-    async with transport as streams:
-        async with ClientSession(streams[0], streams[1]) as session:
-            await session.initialize()
-            yield session
-
-
-def wire(result: Any) -> dict:
-    """A result as its JSON-RPC fields (1.x and 2.x name the Python attributes differently)."""
-    return result.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 def text_of(result: dict) -> str:

@@ -3,9 +3,7 @@ official `mcp` client against the server running for real (uvicorn, the app as `
 
 import asyncio
 import json
-from contextlib import asynccontextmanager
-from importlib.metadata import version
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 import pytest
@@ -19,6 +17,7 @@ from nemo_gym.servers.base import serving_app
 from nemo_gym.testing.live_server import live_server
 from nemo_gym.testing.responses import function_call, function_call_output, make_response, message
 from nemo_gym.testing.servers import Verifier, example_rows, make_server
+from nemo_gym.testing.mcp_client import mcp_session, wire
 from resources_servers.example_mcp_tools.app import (
     TOOL_NAMES,
     CheckStockRequest,
@@ -160,31 +159,6 @@ def test_without_the_flag_the_seed_answer_has_no_mcp_entry():
 
 
 # ----------------------------------------------------------------------------------------------- over MCP
-
-
-@asynccontextmanager
-async def mcp_session(url: str, token: Optional[str] = None):
-    """An initialised session of the official MCP client (streamable HTTP) that sends `token` as the session token
-    header. mcp 1.x and 2.x build the HTTP transport differently (httpx vs httpx2; old 1.x take `headers=`)."""
-    from mcp import ClientSession
-    from mcp.client import streamable_http
-
-    headers = {TOKEN_HEADER: token} if token else {}
-    if not hasattr(streamable_http, "streamable_http_client"):  # mcp < 1.2x
-        transport = streamable_http.streamablehttp_client(url, headers=headers)
-    else:
-        http = __import__("httpx2" if int(version("mcp").split(".")[0]) >= 2 else "httpx")
-        client = http.AsyncClient(headers=headers, timeout=30)
-        transport = streamable_http.streamable_http_client(url, http_client=client)
-    async with transport as streams:
-        async with ClientSession(streams[0], streams[1]) as session:
-            await session.initialize()
-            yield session
-
-
-def wire(result: Any) -> dict:
-    """A result as its JSON-RPC fields (mcp 1.x and 2.x name the Python attributes differently)."""
-    return result.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 # What a model would call for each example row (in the rows' order), and the answer it would give.
