@@ -321,3 +321,56 @@ def test_viewer_in_a_real_browser(rollouts, viewer, browser, tmp_path):
         target = REPO_ROOT / "docs" / "images" / "viewer.png"
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shot, target)
+
+
+def test_reward_components_and_a_judge_failure_in_a_real_browser(browser, tmp_path):
+    """A multi-reward rollout shows its `reward_components`; a `judge_failed` failure (the collector keeps the
+    agent's answer as `result`) shows its class, message and the episode that was not scored."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    path = tmp_path / "rollouts.jsonl"
+    response = make_response("Answer: 42").model_dump(mode="json")
+    scored = {**task("what is 6 x 7?", 0, 0), "_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.5,
+              "agent_ref": {"name": "multi_agent"}, "response": response,
+              "reward_components": {"correctness": 1.0, "format": 0.5}}  # fmt: skip
+    path.write_text(json.dumps(scored) + "\n")
+    unscored = {**task("what is 5 x 5?", 0, 0), "_ng_task_index": 1, "_ng_rollout_index": 0, "reward": 0.0,
+                "response": make_response("Answer: 25 (judged)").model_dump(mode="json"),
+                "_ng_failure_class": "judge_failed", "_ng_failure_judge_error": "HTTPError: judge down"}  # fmt: skip
+    failure = {"_ng_task_index": 1, "_ng_rollout_index": 0, "error_type": "judge_failed",
+               "message": "agent `multi_agent` answered with failure class `judge_failed`: HTTPError: judge down",
+               "status_code": 200, "server": "multi_agent", "agent_name": "multi_agent", "attempts": 3,
+               "row": task("what is 5 x 5?", 0, 0), "_ng_failure_class": "judge_failed",
+               "_ng_failure_terminal": False, "result": unscored}  # fmt: skip
+    (tmp_path / "rollouts_failures.jsonl").write_text(json.dumps(failure) + "\n")
+
+    def css(selector: str):
+        return browser.find_elements(By.CSS_SELECTOR, selector)
+
+    def wait(condition, what: str):
+        try:
+            return WebDriverWait(browser, WAIT_S).until(lambda _: condition())
+        except TimeoutException:
+            raise AssertionError(f"the page never showed {what}:\n{css('body')[0].text}") from None
+
+    port = free_port()
+    with ChildProcess(
+        [*NG, "view", str(path), "--no-browser", "--port", str(port)],
+        env={"NEMO_GYM_VIEW_CACHE": str(tmp_path / "cache")},
+        name="ng view",
+    ) as proc:
+        proc.wait_http_ok(f"http://127.0.0.1:{port}/api/status", timeout=60)
+        browser.get(f"http://127.0.0.1:{port}/")
+        wait(lambda: len(css("tr.rollout-row")) >= 1, "the rollouts")
+        next(r for r in css("tr.rollout-row") if "6 x 7" in r.text).click()
+        wait(lambda: "reward components" in css("#detail")[0].text.lower(), "the reward components")  # CSS capitalises
+        detail = css("#detail")[0].text
+        assert "correctness" in detail and "format" in detail
+
+        css('#tabs button[data-tab="failures"]')[0].click()
+        wait(lambda: "judge_failed" in css("#failures")[0].text, "the judge failure in the failures table")
+        next(r for r in css("#failures tbody tr") if "judge_failed" in r.text).click()
+        wait(lambda: "Answer: 25 (judged)" in css("#detail")[0].text, "the unscored episode")
+        assert "judge down" in css("#detail")[0].text
