@@ -8,7 +8,9 @@ group_level_metrics}`, one entry per agent.
 
 Only successful rollouts (the output file) are aggregated: failures, judge failures included, are not scores.
 An agent that cannot aggregate (an old agent without the route, an error in a custom `compute_metrics`) costs
-its entry and a clear message, never the collected rollouts.
+its entry and a clear message, never the collected rollouts. One request carries all of an agent's rollouts (v0.5's
+contract), so past `aggregation_max_rollouts` (200,000 by default) the collector skips the step and says so,
+instead of holding the whole run in memory; the reward profile is computed in bounded memory at any size.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from nemo_gym.rollouts.jsonl import iter_jsonl_objects
 
 __all__ = [
     "STRIPPED_KEYS",
+    "TooManyToAggregate",
     "stripped_for_aggregation",
     "read_results_by_agent",
     "aggregate_by_agent",
@@ -48,13 +51,24 @@ def _agent_of(result: Mapping[str, Any], default: Optional[str]) -> Optional[str
     return default
 
 
-def read_results_by_agent(path: Path, default_agent: Optional[str] = None) -> dict[str, list[dict]]:
+class TooManyToAggregate(Exception):
+    """More rollouts than one `/aggregate_metrics` request should carry (it holds them all in memory, twice)."""
+
+
+def read_results_by_agent(
+    path: Path, default_agent: Optional[str] = None, *, max_rollouts: Optional[int] = None
+) -> dict[str, list[dict]]:
     """The stripped results of a rollouts file, grouped by `agent_ref.name` (rows without one go to
-    `default_agent`, or are skipped), sorted by (task, rollout) index."""
+    `default_agent`, or are skipped), sorted by (task, rollout) index. More than `max_rollouts` rows raise
+    `TooManyToAggregate` as soon as the file shows it."""
     groups: dict[str, list[dict]] = {}
+    count = 0
     for result in iter_jsonl_objects(path, on_bad=lambda: None):  # a torn line was reported by the collector
         agent = _agent_of(result, default_agent)
         if agent is not None:
+            count += 1
+            if max_rollouts is not None and count > max_rollouts:
+                raise TooManyToAggregate(f"more than {max_rollouts} rollouts in {path}")
             groups.setdefault(agent, []).append(stripped_for_aggregation(result))
     for rows in groups.values():
         rows.sort(key=lambda r: (r.get("_ng_task_index", 0), r.get("_ng_rollout_index", 0)))

@@ -173,6 +173,12 @@ class RolloutCollectionConfig(BaseNeMoGymCLIConfig):
         default=1.0, description="Reward at or above which a rollout counts as passed (for pass@k in the profile)."
     )
     progress_bar: bool = Field(default=True, description="Show a live progress bar on stderr.")
+    aggregation_max_rollouts: int = Field(
+        default=200_000,
+        ge=1,
+        description="Skip /aggregate_metrics (with a note) when the output holds more rollouts than this: one "
+        "request carries them all.",
+    )
     disable_aggregation: bool = Field(
         default=False,
         description=(
@@ -1080,9 +1086,23 @@ async def _aggregate(
 ) -> None:
     """`<stem>_aggregate_metrics.json` from each agent's `/aggregate_metrics` over its successful rollouts (those of
     earlier runs included when resuming); nothing when there are none."""
-    from nemo_gym.rollouts.aggregation import aggregate_by_agent, read_results_by_agent, write_aggregate_metrics
+    from nemo_gym.rollouts.aggregation import (
+        TooManyToAggregate,
+        aggregate_by_agent,
+        read_results_by_agent,
+        write_aggregate_metrics,
+    )
 
-    groups = read_results_by_agent(paths.output, default_agent=config.agent_name)
+    try:
+        groups = read_results_by_agent(
+            paths.output, default_agent=config.agent_name, max_rollouts=config.aggregation_max_rollouts
+        )
+    except TooManyToAggregate as exc:
+        _err(
+            f"Note: no aggregate metrics: {exc}; one /aggregate_metrics request would hold them all. The reward "
+            "profile covers them; raise +aggregation_max_rollouts=N to aggregate anyway."
+        )
+        return
     if not groups:
         paths.aggregate_metrics.unlink(missing_ok=True)
         return

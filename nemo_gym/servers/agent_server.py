@@ -99,7 +99,12 @@ class SimpleResponsesAPIAgent(AggregateMetricsMixin, DialectsMixin, BaseResponse
     # -- the rollout id (inert unless `observability_enabled: true`) -----------------------------------------
 
     def _observability_enabled(self) -> bool:
-        return observability_enabled(getattr(self.server_client, "global_config_dict", None))
+        """The global `observability_enabled`, read once (every `/run` asks)."""
+        enabled = self.__dict__.get("_nemo_gym_observability")
+        if enabled is None:
+            enabled = observability_enabled(getattr(self.server_client, "global_config_dict", None))
+            self.__dict__["_nemo_gym_observability"] = enabled
+        return enabled
 
     def _run_in_rollout_context(self, run: Any) -> Any:
         """`run` wrapped so its body's rollout id is the current one while it runs (same signature for FastAPI)."""
