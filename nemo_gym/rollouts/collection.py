@@ -21,6 +21,12 @@ Compatible with NeMo Gym v0.2 (same parameters, indices and files), with these a
   the output, skips every (task, rollout) already in the output and runs the rest (failed and missing rollouts),
   appending to the output. Without resume, the output and failures files are started afresh.
 - **`num_repeats_add_seed` works**: our Responses schema accepts `seed`.
+- **NeMo Gym v0.5's collection additions.** An answer that declares a failure (`_ng_failure_class`, e.g. a judge
+  call that failed) is rerun with `_ng_attempt_index` up to `NEMO_GYM_MAX_ROLLOUT_ATTEMPTS` and then recorded as a
+  failure of that class, never as a score (`rollouts/failure_routing.py`); results carry `agent_ref`; after the run
+  each agent's `/aggregate_metrics` goes to `<stem>_aggregate_metrics.json` (`rollouts/aggregation.py`);
+  `prompt_config` renders every row's input from a template; with `observability_enabled` each result gets its
+  model calls as `ng_model_call_capture`.
 - A live progress bar on stderr: done / failed / rollouts per second / mean reward so far / ETA.
 
 Task indices: the first distinct line gets 0, the next distinct line 1, and so on; a line identical to an earlier
@@ -46,16 +52,16 @@ from typing import TYPE_CHECKING, Any, AsyncIterable, AsyncIterator, Iterable, I
 import orjson
 from pydantic import Field, ValidationError, field_validator
 
+from nemo_gym.config.types import AGENT_SERVER_TYPE, BaseNeMoGymCLIConfig, format_validation_errors
+from nemo_gym.errors import NeMoGymConfigError, did_you_mean
 from nemo_gym.rollouts.jsonl import iter_jsonl_objects
+from nemo_gym.rollouts.row_keys import FinishedRollouts, RolloutKeySpace, TaskIndexMap
 from nemo_gym.servers.model_call_capture import (
     ModelCallCaptureConfig,
     clear_capture,
     merge_model_call_capture_into_record,
 )
 from nemo_gym.servers.rollout_context import maybe_rollout_id_from_run_body
-from nemo_gym.rollouts.row_keys import FinishedRollouts, RolloutKeySpace, TaskIndexMap
-from nemo_gym.config.types import AGENT_SERVER_TYPE, BaseNeMoGymCLIConfig, format_validation_errors
-from nemo_gym.errors import NeMoGymConfigError, did_you_mean
 from nemo_gym.rollouts.failure_routing import (
     ATTEMPT_INDEX_KEY_NAME,
     NG_FAILURE_CLASS_KEY,
