@@ -10,7 +10,7 @@
    both see the same machine load; prints the median and mean latency of both, the difference (what vllm_model
    adds per call: one more HTTP hop plus the adapter), and the CPU time per call of the vllm_model process.
 
-Run: python benchmarks/adapter_overhead.py [--iterations 10000] [--calls 2000] [--training]
+Run: python perf/adapter_overhead.py [--iterations 10000] [--calls 2000] [--training]
 """
 
 from __future__ import annotations

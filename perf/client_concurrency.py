@@ -17,7 +17,7 @@ cleanly: after `--timeout-s` the run is cancelled and reported as "stalled" (wit
 cancelling hangs, the process is killed.
 
 Example:
-    python benchmarks/client_concurrency.py --requests 16000 --concurrency 16000 --latency-ms 50
+    python perf/client_concurrency.py --requests 16000 --concurrency 16000 --latency-ms 50
 """
 
 from __future__ import annotations

@@ -7,11 +7,11 @@ openai_model + simple_agent): collector -> agent `/run`; agent -> resources `/se
 `/v1/responses` x2 (each forwarded to the LLM), resources `/get_weather` with the call's arguments, resources
 `/verify`. Between processes: a small pool of keep-alive connections per peer on asyncio streams.
 
-Run one role (the harness, `start_floor`, starts all three; `benchmarks/floor_vs_stack.py` measures them):
+Run one role (the harness, `start_floor`, starts all three; `perf/floor_vs_stack.py` measures them):
 
-    python benchmarks/floor_stack.py resources --port 9001
-    python benchmarks/floor_stack.py model --port 9002 --upstream http://127.0.0.1:8000  # the fake LLM
-    python benchmarks/floor_stack.py agent --port 9003 --model http://127.0.0.1:9002 --resources http://127.0.0.1:9001
+    python perf/floor_stack.py resources --port 9001
+    python perf/floor_stack.py model --port 9002 --upstream http://127.0.0.1:8000  # the fake LLM
+    python perf/floor_stack.py agent --port 9003 --model http://127.0.0.1:9002 --resources http://127.0.0.1:9001
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Issue 11: the real stack measured against the bare-asyncio floor, side by side, by one harness.
 
 Starts one fake LLM (`nemo_gym.testing.fake_openai_server`, default script: a `get_weather` call, then a message),
-then the floor (`benchmarks/floor_stack.py`: agent, model proxy, resources on bare asyncio streams) and the real
+then the floor (`perf/floor_stack.py`: agent, model proxy, resources on bare asyncio streams) and the real
 stack (`ng_run` of example_single_tool_call + openai_model + simple_agent), both pointed at that LLM. For each
 in-flight level it drives the floor, then the stack, with the same load generator (`drive` from
 `rollout_throughput.py`: `/run` calls with the first row of example.jsonl) and prints one table:
@@ -17,7 +17,7 @@ table shows each figure's median, and the spread of the runs' totals is printed 
 servers, the fake LLM and the load generator, so rollouts/s is a lower bound on a busy machine; CPU per rollout is
 the steadier figure.
 
-    python benchmarks/floor_vs_stack.py --in-flight 1,16,256,1024 --rollouts 2000 --repeats 3
+    python perf/floor_vs_stack.py --in-flight 1,16,256,1024 --rollouts 2000 --repeats 3
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ c. a real collection (`ng_run` of example_single_tool_call + openai_model + simp
 
 Then the ratio of the largest to the smallest size per column, and the seconds of the 1M-row preparation.
 
-    python benchmarks/input_scale.py                          # prep 1k..1M, stack 1k, 10k, 100k
-    python benchmarks/input_scale.py --stack-sizes ''         # preparation and reward profile only
-    python benchmarks/input_scale.py --sizes '' --stack-sizes ''   # reward profile only
-    python benchmarks/input_scale.py --stack-sizes 1000,10000,100000,1000000   # 1M through the stack (~40 min)
+    python perf/input_scale.py                          # prep 1k..1M, stack 1k, 10k, 100k
+    python perf/input_scale.py --stack-sizes ''         # preparation and reward profile only
+    python perf/input_scale.py --sizes '' --stack-sizes ''   # reward profile only
+    python perf/input_scale.py --stack-sizes 1000,10000,100000,1000000   # 1M through the stack (~40 min)
 
 Input rows are the 5 rows of resources_servers/example_single_tool_call/data/example.jsonl, made distinct by a
 row number in the user text.

@@ -10,7 +10,7 @@ The rate run 2 could reach is bounded twice: by latency (in flight / (2 model ca
 defaults) and by CPU (run 1). It prints both runs, their failures and the achieved share of the lower bound
 (issue 11 asks for 80% or more, with no stall: every rollout finishes).
 
-    python benchmarks/many_in_flight.py --in-flight 16000 --latency-ms 50
+    python perf/many_in_flight.py --in-flight 16000 --latency-ms 50
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ by top-level area (our code by subpackage, FastAPI/Starlette, pydantic, uvicorn,
 idle) and the functions with the most self time. `--keep DIR` keeps the collapsed stacks (load them in
 speedscope or flamegraph.pl).
 
-    python benchmarks/profile_stack.py --in-flight 16 --rollouts 3000
+    python perf/profile_stack.py --in-flight 16 --rollouts 3000
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ What it measures (the DESIGN.md section 3 figures):
 
 Each rollout is one `/run`: seed, model call -> get_weather tool call, model call -> message, verify.
 
-    python benchmarks/rollout_throughput.py --rollouts 2000 --latency-ms 0
-    python benchmarks/rollout_throughput.py --in-flight 16,256 --latency-ms 50
+    python perf/rollout_throughput.py --rollouts 2000 --latency-ms 0
+    python perf/rollout_throughput.py --in-flight 16,256 --latency-ms 50
 
 Run it on a quiet machine: the 2 cores are shared by the stack, the fake LLM and the load generator.
-`benchmarks/floor_vs_stack.py` runs the same load against this stack and the bare-asyncio floor side by side.
+`perf/floor_vs_stack.py` runs the same load against this stack and the bare-asyncio floor side by side.
 """
 
 from __future__ import annotations

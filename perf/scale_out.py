@@ -9,7 +9,7 @@ resources-server calls over that server's replicas through `ServerClient` (least
 reported apart. On a 2-core machine every replica shares the same two cores, so this shows what routing and
 the extra processes cost, not a speed-up: the speed-up needs nodes with cores of their own.
 
-    python benchmarks/scale_out.py --rollouts 2000 --replicas 1,2,4
+    python perf/scale_out.py --rollouts 2000 --replicas 1,2,4
 """
 
 from __future__ import annotations

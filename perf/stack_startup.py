@@ -5,7 +5,7 @@ times from process start to the `All 3 / 3 servers ready!` line, sums the RSS of
 (unique pages are not separated: RSS over-counts shared libraries, so this is an upper bound), stops it with SIGINT
 and times the shutdown. Repeats `--runs` times and prints medians.
 
-    python benchmarks/stack_startup.py --runs 4
+    python perf/stack_startup.py --runs 4
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ Behaviour (NeMo Gym v0.2 compatible):
   still turns a dead host into a prompt, retryable error. Override per client
   (`timeout=`) or per call (`timeout=`; a float applies to connect, read, write and pool).
 
-Transport (benchmark: `benchmarks/client_concurrency.py`): httpx's default httpcore pool rescans its waiting
+Transport (benchmark: `perf/client_concurrency.py`): httpx's default httpcore pool rescans its waiting
 queue against every connection on each request and each release, which is quadratic in queued requests and
 stalls at ~16k in flight. We use aiohttp's public API directly, as v0.2 did: one `aiohttp.ClientSession` over one
 `aiohttp.TCPConnector` (`limit = global_aiohttp_connector_limit`, default 102400; `limit_per_host =

@@ -1,6 +1,6 @@
 """uvicorn's httptools protocol, made cheaper for the many small JSON requests between a stack's servers.
 
-Three things, each measured on the rollout hot path (`benchmarks/floor_vs_stack.py`):
+Three things, each measured on the rollout hot path (`perf/floor_vs_stack.py`):
 
 - **One write per response.** uvicorn writes a response's status line and headers as soon as the app sends
   `http.response.start`, and the body in a second `write`. With `TCP_NODELAY` each write is its own send syscall
