@@ -37,6 +37,12 @@ from nemo_gym.config.types import (
     is_server_ref,
     validate_server_config,
 )
+from nemo_gym.config.directives import (
+    COPY_RESOLVER_NAME,
+    INHERIT_FROM_RESOLVER_NAME,
+    apply_config_directives,
+    directive_literal,
+)
 from nemo_gym.errors import NeMoGymConfigError, closest_match, did_you_mean
 from nemo_gym.config.overrides import Override, apply_overrides, parse_overrides
 from nemo_gym.config import ports as _ports
@@ -188,6 +194,9 @@ def _register_resolvers() -> None:
     major_minor = tuple(int(x) for x in omegaconf.__version__.split(".")[:2])
     register = OmegaConf.register_resolver if major_minor >= (2, 4) else OmegaConf.register_new_resolver
     register(SWAP_KEY_RESOLVER_NAME, lambda path: f"{_SWAP_KEY_PREFIX}{path}}}")
+    for name in (INHERIT_FROM_RESOLVER_NAME, COPY_RESOLVER_NAME):  # v0.5's directives (config/directives.py)
+        if not OmegaConf.has_resolver(name):
+            register(name, directive_literal(name))
 
 
 _register_resolvers()
@@ -847,6 +856,7 @@ def parse_global_config(
 
     data = OmegaConf.to_container(merged, resolve=False)
     _apply_swap_keys(data)
+    apply_config_directives(data)
     _apply_defaults(data, loaded)
     return _validate_and_allocate(data, allocate_ports=allocate_ports)
 

@@ -1,0 +1,145 @@
+"""NeMo Gym v0.5's config directives: build one block from another after the files are merged.
+
+- `key: ${inherit_from:a.b}` takes the value at `a.b` and deletes `a.b` (a move; v0.2's `${swap_key:a.b}`).
+- `key: ${copy:a.b}` takes a copy of the value at `a.b` and keeps `a.b`.
+- A mapping with `_inherit_from: a.b` (or `_copy: a.b`) is the mapping at `a.b` with the block's own keys merged
+  over it (recursively); `_inherit_from` deletes `a.b`, `_copy` keeps it.
+- `_delete_key: "k1, k2"` in a mapping removes those keys after the merge (each must exist).
+
+A benchmark config, for instance, reuses a generic resources server block and repoints one field:
+`aime24_resources_server: {_inherit_from: math_resources_server, judge_model_server: {name: my_judge}}`.
+Sources are looked up in the config as merged (before any directive ran), and a source that itself uses a
+directive is resolved first. A path that does not exist, or a cycle, is an `InheritPathNotFoundError` that names
+the key and the path.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+from nemo_gym.errors import InheritPathNotFoundError
+
+__all__ = ["INHERIT_FROM_RESOLVER_NAME", "COPY_RESOLVER_NAME", "apply_config_directives", "directive_literal"]
+
+INHERIT_FROM_RESOLVER_NAME = "inherit_from"
+COPY_RESOLVER_NAME = "copy"
+_INHERIT_KEY, _COPY_KEY, _DELETE_KEY = "_inherit_from", "_copy", "_delete_key"
+_PREFIXES = {"${" + INHERIT_FROM_RESOLVER_NAME + ":": True, "${" + COPY_RESOLVER_NAME + ":": False}
+
+
+def directive_literal(name: str):
+    """An OmegaConf resolver that gives the directive back as written, so early resolution leaves it for us."""
+    return lambda path: "${" + name + ":" + str(path) + "}"
+
+
+def _string_directive(value: Any) -> Optional[tuple[str, bool]]:
+    """(source path, move?) of a `${inherit_from:...}` / `${copy:...}` string, else None."""
+    if not isinstance(value, str) or not value.endswith("}"):
+        return None
+    for prefix, move in _PREFIXES.items():
+        if value.startswith(prefix):
+            return value[len(prefix) : -1].strip(), move
+    return None
+
+
+def _has_directive(node: Any) -> bool:
+    if _string_directive(node) is not None:
+        return True
+    if isinstance(node, dict):
+        return any(k in node for k in (_INHERIT_KEY, _COPY_KEY, _DELETE_KEY)) or any(map(_has_directive, node.values()))
+    if isinstance(node, list):
+        return any(map(_has_directive, node))
+    return False
+
+
+def _lookup(root: Any, path: str) -> tuple[bool, Any]:
+    node = root
+    for part in [p for p in path.split(".") if p]:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False, None
+    return True, node
+
+
+def _deep_merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        merged = dict(base)
+        for key, value in over.items():
+            merged[key] = _deep_merge(base[key], value) if key in base else value
+        return merged
+    return over
+
+
+class _Resolver:
+    def __init__(self, data: dict) -> None:
+        self.frozen = copy.deepcopy(data)
+        self.moved: list[str] = []
+        self.active: list[str] = []
+
+    def source(self, path: str, where: str) -> Any:
+        """The resolved value at `path` (its own directives applied first)."""
+        if path in self.active:
+            chain = " -> ".join([*self.active, path])
+            raise InheritPathNotFoundError(f"`{where}` takes `{path}`, which leads back to itself ({chain}).")
+        found, value = _lookup(self.frozen, path)
+        if not found:
+            raise InheritPathNotFoundError(
+                f"`{where}` takes `{path}`, but `{path}` is not in the config. Check the spelling, or load the file "
+                "that defines it via config_paths."
+            )
+        self.active.append(path)
+        try:
+            return self.resolve(copy.deepcopy(value), path)
+        finally:
+            self.active.pop()
+
+    def resolve(self, node: Any, where: str) -> Any:
+        directive = _string_directive(node)
+        if directive is not None:
+            path, move = directive
+            if move:
+                self.moved.append(path)
+            return self.source(path, where)
+        if isinstance(node, list):
+            return [self.resolve(item, f"{where}[{i}]") for i, item in enumerate(node)]
+        if not isinstance(node, dict):
+            return node
+        own = {k: v for k, v in node.items() if k not in (_INHERIT_KEY, _COPY_KEY, _DELETE_KEY)}
+        result: Any = {k: self.resolve(v, f"{where}.{k}" if where else str(k)) for k, v in own.items()}
+        for key, move in ((_INHERIT_KEY, True), (_COPY_KEY, False)):
+            if key in node:
+                path = str(node[key]).strip()
+                base = self.source(path, f"{where}.{key}" if where else key)
+                if not isinstance(base, dict):
+                    raise InheritPathNotFoundError(f"`{where}.{key}: {path}`: `{path}` is not a mapping to build on.")
+                if move:
+                    self.moved.append(path)
+                result = _deep_merge(base, result)
+        if _DELETE_KEY in node:
+            for name in [n.strip() for n in str(node[_DELETE_KEY]).split(",") if n.strip()]:
+                if name not in result:
+                    raise InheritPathNotFoundError(
+                        f"`{where}.{_DELETE_KEY}` removes `{name}`, but the block has no such key "
+                        f"(it has: {', '.join(sorted(map(str, result))) or 'none'})."
+                    )
+                del result[name]
+        return result
+
+
+def apply_config_directives(data: dict) -> None:
+    """Apply every directive of the merged config `data` in place (a no-op without any)."""
+    if not _has_directive(data):
+        return
+    resolver = _Resolver(data)
+    resolved = resolver.resolve(data, "")
+    data.clear()
+    data.update(resolved)
+    for path in resolver.moved:
+        parts = [p for p in path.split(".") if p]
+        found, parent = _lookup(data, ".".join(parts[:-1]))
+        if found and isinstance(parent, dict):
+            parent.pop(parts[-1], None)
