@@ -17,6 +17,56 @@ class NeMoGymConfigError(ValueError):
     already_reported: str = ""
 
 
+# NeMo Gym v0.5 calls the user-facing config error `ConfigError` (exported by `nemo_gym.config_types`). It is the
+# same class, not a look-alike, so `except ConfigError` catches every config mistake our code reports.
+ConfigError = NeMoGymConfigError
+
+
+class ConfigPathNotFoundError(NeMoGymConfigError, FileNotFoundError):
+    """A file listed in `config_paths` (or env.yaml) that is in none of the places it is looked for."""
+
+
+class MalformedConfigPathsError(NeMoGymConfigError):
+    """`config_paths` that is not a list of file paths (a bare string, a number, an empty entry)."""
+
+
+class NoServerInstancesError(NeMoGymConfigError):
+    """A command that needs servers was given a config that defines none."""
+
+
+class ConfigInterpolationError(NeMoGymConfigError):
+    """A `${...}` that cannot be resolved: an unset key, an unset environment variable, bad syntax."""
+
+
+class ServerRefNotFoundError(NeMoGymConfigError):
+    """A `{type, name}` server reference naming no server of that type (the message suggests the closest)."""
+
+
+class AlmostServerError(NeMoGymConfigError):
+    """Blocks shaped like servers that fail validation, so they would silently not be started."""
+
+
+class ConfigMissingValuesError(NeMoGymConfigError):
+    """Required values left as `???`; all of them are named in one message."""
+
+
+class InheritPathNotFoundError(NeMoGymConfigError):
+    """An inherit/copy/move directive (`${inherit_from:a.b}`, `_inherit_from`, v0.2's `${swap_key:a.b}`) pointing at
+    a key the config does not have."""
+
+
+CONFIG_ERROR_SUBCLASSES = (
+    ConfigPathNotFoundError,
+    MalformedConfigPathsError,
+    NoServerInstancesError,
+    ConfigInterpolationError,
+    ServerRefNotFoundError,
+    AlmostServerError,
+    ConfigMissingValuesError,
+    InheritPathNotFoundError,
+)
+
+
 class NeMoGymStackError(NeMoGymConfigError):
     """The stack a command needs is not there or failed: no head server answers on that port, a server crashed
     while starting, a server environment could not be built. Printed like a config mistake (one line naming the
