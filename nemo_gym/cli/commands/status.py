@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 from pydantic import Field
@@ -20,13 +21,19 @@ class StatusConfig(BaseNeMoGymCLIConfig):
         default_factory=HeadServerKeys,
         description="The stack's head server: +head_server.host=... +head_server.port=...",
     )
+    json_output: bool = Field(
+        default=False, alias="json", description="Print the servers as a JSON array instead of a table."
+    )
 
 
 def run(config: StatusConfig) -> int:
     from nemo_gym.runtime.status import fetch_status, print_status
 
     instances = fetch_status(config.head_server.host, config.head_server.port)  # ConnectionError: exit 1 with a hint
-    print_status(instances, sys.stdout)
+    if config.json_output:
+        print(json.dumps(instances, indent=2, default=str))
+    else:
+        print_status(instances, sys.stdout)
     return 0 if all(i["healthy"] for i in instances) else 1
 
 
