@@ -120,6 +120,17 @@ class GlobalKeys(BaseNeMoGymCLIConfig):
         description="Calls made for a rollout carry /ng-rollout/<rollout id> in their path, and model servers write "
         "each model call to model_call_capture_dir (NeMo Gym v0.5).",
     )
+    verbose: bool = Field(default=False, description="Log at DEBUG level (NeMo Gym v0.5; `gym -v`).")
+    nemo_gym_log_dir: Optional[str] = Field(
+        default=None,
+        description="Also write each server's output to <dir>/<server id>.log (appended across restarts; relative "
+        "to the working folder).",
+    )
+    model_endpoint_readiness_timeout_seconds: float = Field(
+        default=600.0,
+        description="Once the servers are healthy, wait up to this long for every upstream endpoint the model "
+        "servers name (their *base_url keys) to answer; <= 0 skips the wait.",
+    )
     model_call_capture_dir: Optional[str] = Field(
         default=None,
         description="Absolute folder where model servers write <rollout id>.capture.jsonl (needed with "

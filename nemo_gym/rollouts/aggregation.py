@@ -6,6 +6,9 @@ large payloads (`response` but its `usage`, `responses_create_params`, observati
 `<stem>_aggregate_metrics.json`: a JSON array of `{agent_ref: {name}, agent_metrics, key_metrics,
 group_level_metrics}`, one entry per agent.
 
+`ng_aggregate_rollouts` (`gym eval aggregate`, `RolloutAggregationConfig`) does the same step later, over the shards
+a glob names, against a running stack.
+
 Only successful rollouts (the output file) are aggregated: failures, judge failures included, are not scores.
 An agent that cannot aggregate (an old agent without the route, an error in a custom `compute_metrics`) costs
 its entry and a clear message, never the collected rollouts. One request carries all of an agent's rollouts (v0.5's
@@ -17,12 +20,21 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
+from pydantic import Field, field_validator
+
+from nemo_gym.config.types import BaseNeMoGymCLIConfig
 from nemo_gym.rollouts.jsonl import iter_jsonl_objects
 
 __all__ = [
+    "RolloutAggregationConfig",
+    "AggregationInputs",
+    "expand_input_globs",
+    "load_sorted_rollouts",
+    "aggregate_rollouts_from_config",
     "STRIPPED_KEYS",
     "TooManyToAggregate",
     "stripped_for_aggregation",
@@ -130,3 +142,170 @@ def print_key_metrics(entries: list[dict], out: Any = None) -> None:
             shown = f"{value:.4f}" if isinstance(value, float) else str(value)
             out.write(f"  {name:<{width}}  {shown}\n")
     out.flush()
+
+
+# --------------------------------------------------------------------------------------------------------
+# ng_aggregate_rollouts: the same step over files written earlier (v0.5's `gym eval aggregate`)
+
+# Files a collection writes beside its output: a glob such as `results/*.jsonl` matches them too, but they hold no
+# rollouts (or, for the failures sidecar, no scores), so they are never aggregated.
+_COMPANION_SUFFIXES = ("_materialized_inputs.jsonl", "_failures.jsonl", "_reward_profiling.jsonl")
+
+
+class RolloutAggregationConfig(BaseNeMoGymCLIConfig):
+    """Aggregate rollouts collected earlier (e.g. the shards of one run): load every file `input_glob` matches,
+    sort the rollouts by (task, rollout) index, write them as one file (`merge_shards`), and ask each agent of the
+    running stack for `/aggregate_metrics` over its rollouts, written to <output stem>_aggregate_metrics.json.
+    Needs the servers running (`ng_run`), like ng_collect_rollouts.
+    Example: ng_aggregate_rollouts "+input_glob=results/shard*.jsonl" +output_jsonl_fpath=results/all.jsonl"""
+
+    input_glob: Union[str, list[str]] = Field(
+        description="A glob, several comma-separated globs, or a list; files matched twice are read once. The "
+        "collection's companion files (_failures, _materialized_inputs, _reward_profiling) are skipped."
+    )
+    output_jsonl_fpath: str = Field(
+        description="The merged rollouts file (with merge_shards) and the stem of <stem>_aggregate_metrics.json."
+    )
+    merge_shards: bool = Field(default=True, description="Write the sorted concatenation to output_jsonl_fpath.")
+
+    @field_validator("input_glob", mode="before")
+    @classmethod
+    def _globs(cls, value: Any) -> Any:
+        if hasattr(value, "__iter__") and not isinstance(value, (str, bytes, Mapping)):
+            return [str(v) for v in value]
+        return value
+
+
+def expand_input_globs(input_glob: Union[str, list[str]], *, exclude: Optional[Path] = None) -> tuple[list[Path], list[Path]]:
+    """(rollout files, skipped companion files) of comma-separated globs or a list of them, each file once, in glob
+    order and sorted within a glob. `exclude` (the output file, when it already exists) is never read.
+    Nothing matched -> `ConfigPathNotFoundError`."""
+    import glob as globlib
+
+    from nemo_gym.errors import ConfigPathNotFoundError
+
+    patterns = [input_glob] if isinstance(input_glob, str) else list(input_glob)
+    patterns = [p.strip() for text in patterns for p in str(text).split(",") if p.strip()]
+    if not patterns:
+        raise ConfigPathNotFoundError("+input_glob is empty: give a glob of rollout files, e.g. results/*.jsonl")
+    seen: set[Path] = set()
+    files: list[Path] = []
+    skipped: list[Path] = []
+    excluded = exclude.resolve() if exclude is not None and exclude.exists() else None
+    for pattern in patterns:
+        for name in sorted(globlib.glob(str(Path(pattern).expanduser()), recursive=True)):
+            path = Path(name)
+            real = path.resolve()
+            if real in seen or not path.is_file() or real == excluded:
+                continue
+            seen.add(real)
+            (skipped if path.name.endswith(_COMPANION_SUFFIXES) else files).append(path)
+    if not files:
+        what = " (only companion files: " + ", ".join(map(str, skipped)) + ")" if skipped else ""
+        raise ConfigPathNotFoundError(
+            f"+input_glob={','.join(patterns)} matches no rollout file{what}. Check the path (relative to "
+            f"{Path.cwd()}); quote the glob so the shell does not expand it."
+        )
+    return files, skipped
+
+
+@dataclass
+class AggregationInputs:
+    """The rollouts read for an aggregation (sorted by agent-independent (task, rollout) key) and what was left out."""
+
+    rollouts: list[dict]
+    files: list[Path]
+    skipped_files: list[Path]
+    duplicates: int = 0
+    declared_failures: int = 0
+    unindexed: int = 0
+    unreadable: int = 0
+
+
+def load_sorted_rollouts(files: list[Path], skipped_files: Optional[list[Path]] = None) -> AggregationInputs:
+    """Every rollout of `files`, sorted by (task, rollout) index; a (agent, task, rollout) seen in an earlier file is a
+    duplicate and dropped (its agent's /aggregate_metrics would refuse it); lines without both indices are counted
+    and dropped (v0.5's aggregation needs them)."""
+    inputs = AggregationInputs(rollouts=[], files=files, skipped_files=list(skipped_files or []))
+    seen: set[tuple] = set()
+
+    def bad() -> None:
+        inputs.unreadable += 1
+
+    for path in files:
+        for row in iter_jsonl_objects(path, on_bad=bad):
+            task, rollout = row.get("_ng_task_index"), row.get("_ng_rollout_index")
+            if not isinstance(task, int) or not isinstance(rollout, int):
+                inputs.unindexed += 1
+                continue
+            if row.get("_ng_failure_class") is not None or row.get("_ng_no_persist"):
+                inputs.declared_failures += 1  # its reward is not a score
+                continue
+            key = (_agent_of(row, None), task, rollout)
+            if key in seen:
+                inputs.duplicates += 1
+                continue
+            seen.add(key)
+            inputs.rollouts.append(row)
+    inputs.rollouts.sort(key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"]))
+    return inputs
+
+
+def aggregate_rollouts_from_config(config: RolloutAggregationConfig, *, server_client: Any) -> int:
+    """The body of ng_aggregate_rollouts; returns the exit code (1 when some agent gave no metrics)."""
+    import asyncio
+
+    import orjson
+
+    from nemo_gym.errors import NeMoGymConfigError
+
+    output = Path(config.output_jsonl_fpath).expanduser()
+    if output.is_dir():
+        raise NeMoGymConfigError(f"+output_jsonl_fpath={output} is a folder; give a file path, e.g. {output / 'all.jsonl'}.")
+    files, skipped = expand_input_globs(config.input_glob, exclude=output if config.merge_shards else None)
+    inputs = load_sorted_rollouts(files, skipped)
+    out = sys.stdout
+    out.write(f"Read {len(inputs.rollouts)} rollouts from {len(files)} file(s).\n")
+    if skipped:
+        out.write(f"Skipped {len(skipped)} companion file(s): {', '.join(map(str, skipped))}.\n")
+    for count, what in (
+        (inputs.duplicates, "duplicate rollout(s) (same agent, task and rollout index as an earlier line) dropped"),
+        (inputs.declared_failures, "result(s) that declare a failure (_ng_failure_class) left out: not scores"),
+        (inputs.unindexed, "line(s) without _ng_task_index / _ng_rollout_index dropped"),
+        (inputs.unreadable, "unreadable line(s) skipped"),
+    ):
+        if count:
+            sys.stderr.write(f"Warning: {count} {what}.\n")
+    if not inputs.rollouts:
+        raise NeMoGymConfigError(
+            f"no rollouts to aggregate in {', '.join(map(str, files))}: the files hold no line with "
+            "_ng_task_index and _ng_rollout_index."
+        )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if config.merge_shards:
+        tmp = output.with_name(output.name + ".tmp")
+        with open(tmp, "wb") as f:
+            for row in inputs.rollouts:
+                f.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        tmp.replace(output)
+        out.write(f"Merged rollouts:   {output}\n")
+    groups: dict[str, list[dict]] = {}
+    unnamed = 0
+    for row in inputs.rollouts:
+        agent = _agent_of(row, None)
+        if agent is None:
+            unnamed += 1
+            continue
+        groups.setdefault(agent, []).append(stripped_for_aggregation(row))
+    if unnamed:
+        sys.stderr.write(f"Warning: {unnamed} rollout(s) without agent_ref.name are not aggregated.\n")
+    entries, problems = asyncio.run(aggregate_by_agent(server_client, groups))
+    for problem in problems:
+        sys.stderr.write(f"error: no aggregate metrics: {problem}\n")
+    metrics_path = output.with_name(f"{output.stem}_aggregate_metrics.json")
+    if entries:
+        write_aggregate_metrics(metrics_path, entries)
+        out.write(f"Aggregate metrics: {metrics_path}\n")
+        print_key_metrics(entries, out)
+    out.flush()
+    return 1 if problems else 0

@@ -19,12 +19,17 @@ Compatible with NeMo Gym v0.2 (same parameters, indices and files), with these a
 - **Resume.** `resume_from_cache=true` (with an existing output file) reuses the materialized inputs of the first
   run (rebuilt from the input if missing; the output is never deleted when resuming), drops a torn last line of
   the output, skips every (task, rollout) already in the output and runs the rest (failed and missing rollouts),
-  appending to the output. Without resume, the output and failures files are started afresh.
+  appending to the output and to the failures file, whose declared failures are the attempt history of v0.5's
+  resume policy: a rollout whose failure was terminal, or that failed `NEMO_GYM_MAX_ROLLOUT_ATTEMPTS` times, is
+  not run again (and reported); the others carry `_ng_attempt_index` = their earlier attempts. Without resume,
+  the output and failures files are started afresh.
 - **`num_repeats_add_seed` works**: our Responses schema accepts `seed`.
 - **NeMo Gym v0.5's collection additions.** An answer that declares a failure (`_ng_failure_class`, e.g. a judge
   call that failed) is rerun with `_ng_attempt_index` up to `NEMO_GYM_MAX_ROLLOUT_ATTEMPTS` and then recorded as a
   failure of that class, never as a score (`rollouts/failure_routing.py`); results carry `agent_ref`; after the run
-  each agent's `/aggregate_metrics` goes to `<stem>_aggregate_metrics.json` (`rollouts/aggregation.py`);
+  each agent's `/aggregate_metrics` goes to `<stem>_aggregate_metrics.json` (`rollouts/aggregation.py`); an
+  answer marked `_ng_no_persist` is written nowhere and runs again on resume; `num_repeats` may be a mapping
+  agent -> repeats (with `_default`);
   `prompt_config` renders every row's input from a template; with `observability_enabled` each result gets its
   model calls as `ng_model_call_capture`.
 - A live progress bar on stderr: done / failed / rollouts per second / mean reward so far / ETA.
@@ -56,6 +61,7 @@ from nemo_gym.config.types import AGENT_SERVER_TYPE, BaseNeMoGymCLIConfig, forma
 from nemo_gym.errors import NeMoGymConfigError, did_you_mean
 from nemo_gym.rollouts.jsonl import iter_jsonl_objects
 from nemo_gym.rollouts.row_keys import FinishedRollouts, RolloutKeySpace, TaskIndexMap
+from nemo_gym.rollouts.skills import SkillsConfig
 from nemo_gym.servers.model_call_capture import (
     ModelCallCaptureConfig,
     clear_capture,
@@ -68,6 +74,7 @@ from nemo_gym.rollouts.failure_routing import (
     NG_FAILURE_JUDGE_ERROR_KEY,
     NG_NO_PERSIST_KEY,
     NG_TERMINAL_KEY,
+    MAX_ROLLOUT_ATTEMPTS_ENV_VAR_NAME,
     declared_failure,
     get_max_rollout_attempts,
 )
@@ -96,6 +103,9 @@ __all__ = [
     "repair_jsonl_tail",
     "read_finished_keys",
     "iter_pending_rows",
+    "FailureHistory",
+    "read_failure_history",
+    "check_num_repeats",
     "agent_names_in_config",
     "iter_rollouts",
     "run_from_config",
@@ -107,6 +117,7 @@ __all__ = [
 
 TASK_INDEX_KEY_NAME = "_ng_task_index"
 ROLLOUT_INDEX_KEY_NAME = "_ng_rollout_index"
+SKILLS_REF_KEY_NAME = "skills_ref"  # NeMo Gym v0.5 skills (`nemo_gym.skills`): travels from the row to the result
 
 # `num_samples_in_parallel: null` means "no cap of yours". We still bound in-flight work so memory stays flat:
 # 1024 is the shared client's per-host connection limit (`global_aiohttp_connector_limit_per_host`), so more
@@ -134,7 +145,13 @@ class RolloutCollectionConfig(BaseNeMoGymCLIConfig):
     limit: Optional[int] = Field(
         default=None, ge=1, description="Use only the first `limit` non-blank input lines (before repeats)."
     )
-    num_repeats: Optional[int] = Field(default=None, ge=1, description="Rollouts per input line (null = 1).")
+    num_repeats: Optional[Union[int, dict[str, int]]] = Field(
+        default=None,
+        description=(
+            "Rollouts per input line (null = 1), or per agent: `+num_repeats={my_agent:4,_default:1}` (an agent "
+            "with no entry takes `_default`; without one its rows are refused)."
+        ),
+    )
     prompt_config: Optional[str] = Field(
         default=None,
         description=(
@@ -144,6 +161,11 @@ class RolloutCollectionConfig(BaseNeMoGymCLIConfig):
     )
     num_repeats_add_seed: bool = Field(
         default=False, description="Set responses_create_params.seed to the rollout index of each repeat."
+    )
+    skills: Optional[SkillsConfig] = Field(
+        default=None,
+        description="Run-level skills for agent runtimes: `+skills.path=<folder of skill folders, each with a "
+        "SKILL.md>`; every row (and result) carries their `skills_ref` (path, content hash, names).",
     )
     num_samples_in_parallel: Optional[int] = Field(
         default=None,
@@ -199,6 +221,11 @@ class RolloutCollectionConfig(BaseNeMoGymCLIConfig):
             "the whole run; merge the shards' outputs with `ng merge` (docs/merging-shards.md)."
         ),
     )
+
+    @field_validator("num_repeats", mode="before")
+    @classmethod
+    def _check_num_repeats(cls, value: Any) -> Any:
+        return check_num_repeats(value)
 
     @field_validator("shard", mode="before")
     @classmethod
@@ -334,6 +361,35 @@ def agent_name_of(row: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
+DEFAULT_REPEATS_KEY = "_default"
+
+
+def check_num_repeats(value: Any) -> Union[None, int, dict[str, int]]:
+    """`num_repeats` as v0.5 takes it: null, an int >= 1, or a mapping agent name -> int >= 1 with an optional
+    `_default`. Anything else is a `ValueError` that says what was given."""
+    if value is None:
+        return None
+    if hasattr(value, "items") and not isinstance(value, Mapping):  # an OmegaConf DictConfig
+        from omegaconf import OmegaConf
+
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, Mapping):
+        out: dict[str, int] = {}
+        for name, n in value.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"num_repeats.{name}={n!r}: each agent's repeats must be an integer >= 1")
+            out[str(name)] = n
+        if not out:
+            raise ValueError("num_repeats is an empty mapping: give an integer, or agent names (or `_default`) -> int")
+        return out
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"num_repeats={value!r}: expected an integer >= 1 or a mapping agent name -> integer (with an optional "
+            "`_default`), e.g. +num_repeats=4 or +num_repeats={my_agent:4,_default:1}"
+        )
+    return value
+
+
 class RowPreprocessor:
     """Turns input lines into materialized rows (reference `_preprocess_rows_from_config`, one line at a time).
 
@@ -351,15 +407,17 @@ class RowPreprocessor:
         self,
         *,
         agent_name: Optional[str] = None,
-        num_repeats: Optional[int] = None,
+        num_repeats: Union[None, int, Mapping[str, int]] = None,
         num_repeats_add_seed: bool = False,
         responses_create_params: Optional[Mapping[str, Any]] = None,
         known_agents: Optional[Iterable[str]] = None,
         validate_params: bool = True,
         spill_after: Optional[int] = None,
         prompt_config: Optional[str] = None,
+        skills_ref: Optional[Mapping[str, Any]] = None,
     ) -> None:
         self.agent_name = agent_name
+        self.skills_ref = None if skills_ref is None else dict(skills_ref)
         self.prompt = None  # `apply(row)` of the prompt template, loaded once (a bad path fails here)
         if prompt_config:
             from nemo_gym.rollouts.prompts import prompt_row_applier
@@ -368,12 +426,23 @@ class RowPreprocessor:
                 self.prompt = prompt_row_applier(prompt_config)
             except (OSError, ValueError) as exc:
                 raise NeMoGymConfigError(f"+prompt_config={prompt_config}: {exc}") from None
-        self.num_repeats = 1 if num_repeats is None else int(num_repeats)
-        if self.num_repeats < 1:
-            raise ValueError("num_repeats must be >= 1")
+        checked = check_num_repeats(num_repeats)
+        # Per agent (v0.5): `repeats_by_agent`; `num_repeats` is then the `_default` (None: none).
+        self.repeats_by_agent: Optional[dict[str, int]] = dict(checked) if isinstance(checked, dict) else None
+        if self.repeats_by_agent is not None:
+            self.num_repeats: Optional[int] = self.repeats_by_agent.pop(DEFAULT_REPEATS_KEY, None)
+        else:
+            self.num_repeats = 1 if checked is None else checked
         self.add_seed = bool(num_repeats_add_seed)
         self.overrides = dict(responses_create_params or {})
         self.known_agents = None if known_agents is None else frozenset(known_agents)
+        if self.repeats_by_agent and self.known_agents is not None:
+            for name in sorted(set(self.repeats_by_agent) - self.known_agents):
+                sys.stderr.write(
+                    f"Warning: +num_repeats names `{name}`, which is not an agent of the running stack (agents: "
+                    f"{', '.join(sorted(self.known_agents)) or '(none)'}); its entry is not used."
+                    f"{did_you_mean(name, self.known_agents)}\n"
+                )
         self._params_model = None
         if validate_params:
             from nemo_gym.api.schemas import NeMoGymResponseCreateParamsNonStreaming
@@ -426,7 +495,23 @@ class RowPreprocessor:
             raise _RowProblem(
                 f"unknown agent `{name}`: the running stack has agents {known}.{did_you_mean(name, self.known_agents)}"
             )
+        self.repeats_for(name)
+        if self.skills_ref is not None and row.get(SKILLS_REF_KEY_NAME) is None:
+            row[SKILLS_REF_KEY_NAME] = self.skills_ref
         return row
+
+    def repeats_for(self, agent: Optional[str]) -> int:
+        """Rollouts per line for rows of `agent` (raises `_RowProblem` when a per-agent `num_repeats` has no entry
+        for it and no `_default`)."""
+        if self.repeats_by_agent is not None and agent in self.repeats_by_agent:
+            return self.repeats_by_agent[agent]
+        if self.num_repeats is None:
+            entries = ", ".join(sorted(self.repeats_by_agent or {}))
+            raise _RowProblem(
+                f"agent `{agent}` has no entry in +num_repeats (entries: {entries}) and there is no `_default`; add "
+                f"+num_repeats.{agent}=N or +num_repeats._default=N"
+            )
+        return self.num_repeats
 
     def _render_prompt(self, row: dict) -> dict:
         """The row with its input written by the prompt template (a row that brings its own input is refused)."""
@@ -446,13 +531,15 @@ class RowPreprocessor:
         """The task index of a line (a new one for a line not seen yet); hands out no rollout index."""
         return self._tasks.claim(hashlib.blake2b(line, digest_size=16).digest(), 0)[0]
 
-    def _claim(self, line: bytes) -> tuple[int, int]:
-        return self._tasks.claim(hashlib.blake2b(line, digest_size=16).digest(), self.num_repeats)
+    def _claim(self, line: bytes, repeats: int) -> tuple[int, int]:
+        return self._tasks.claim(hashlib.blake2b(line, digest_size=16).digest(), repeats)
 
     def materialize(self, line: bytes, row: dict) -> Iterator[dict]:
-        """The `num_repeats` rows of a checked line. The first is `row` itself, the others fresh copies."""
-        task, first = self._claim(line)
-        for i in range(self.num_repeats):
+        """The `num_repeats` rows (of its agent) of a checked line. The first is `row` itself, the others fresh
+        copies."""
+        repeats = self.repeats_for(agent_name_of(row) or self.agent_name)
+        task, first = self._claim(line, repeats)
+        for i in range(repeats):
             copy = row if i == 0 else orjson.loads(orjson.dumps(row))
             rollout = first + i
             copy[TASK_INDEX_KEY_NAME] = task
@@ -661,21 +748,106 @@ def read_finished_keys(path: Path, into: Any = None) -> tuple[Any, int]:
     return keys, bad
 
 
+@dataclass
+class FailureHistory:
+    """What the failures sidecar says of earlier runs, per (task, rollout) key (v0.5's resume policy): how many
+    declared-failure attempts were made and whether one was terminal (`_ng_failure_terminal`).
+
+    Attempts of a key = its lines that carry `_ng_failure_class` (a v0.5 sidecar holds one line per attempt), or
+    the highest `_ng_attempt_index` + 1 when a line says more (our collector reruns within a run and writes one
+    line for the last attempt). Transport failures (connection errors, HTTP 5xx, timeouts; lines without a class)
+    are not the agent's verdict: they do not count, and resume retries them."""
+
+    attempts: dict[int, int] = field(default_factory=dict)
+    terminal: set[int] = field(default_factory=set)
+    recorded: set[int] = field(default_factory=set)  # every key with a line (transport failures too)
+
+    def skip_reason(self, key: int, max_attempts: int) -> Optional[str]:
+        """"terminal" / "exhausted" for a key resume must not run again, else None."""
+        if key in self.terminal:
+            return "terminal"
+        if self.attempts.get(key, 0) >= max_attempts:
+            return "exhausted"
+        return None
+
+
+def _attempt_index_of(line: Mapping[str, Any]) -> int:
+    for holder in (line, line.get("row"), line.get("result")):
+        if isinstance(holder, Mapping):
+            value = holder.get(ATTEMPT_INDEX_KEY_NAME)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return 0
+
+
+def read_failure_history(path: Path) -> FailureHistory:
+    """The `FailureHistory` of a failures sidecar (ours or NeMo Gym v0.5's); an absent file is an empty history."""
+    history = FailureHistory()
+    if not path.exists():
+        return history
+    lines_per_key: dict[int, int] = {}
+    for line in iter_jsonl_objects(path, on_bad=lambda: None):
+        task, rollout = line.get(TASK_INDEX_KEY_NAME), line.get(ROLLOUT_INDEX_KEY_NAME)
+        if not isinstance(task, int) or not isinstance(rollout, int):
+            continue
+        key = rollout_key(task, rollout)
+        history.recorded.add(key)
+        if line.get(NG_FAILURE_CLASS_KEY) is None:
+            continue
+        lines_per_key[key] = lines_per_key.get(key, 0) + 1
+        history.attempts[key] = max(history.attempts.get(key, 0), lines_per_key[key], _attempt_index_of(line) + 1)
+        if line.get(NG_TERMINAL_KEY) is True:
+            history.terminal.add(key)
+    return history
+
+
+def drop_recovered_failures(path: Path, recovered: set[int]) -> None:
+    """Remove from a failures sidecar the lines of rollouts that have since succeeded (they are in the output now),
+    so the sidecar lists what still failed, with its whole attempt history."""
+    if not recovered or not path.exists():
+        return
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(path, "rb") as src, open(tmp, "wb") as dst:
+        for raw in src:
+            try:
+                line = orjson.loads(raw)
+                key = rollout_key(line[TASK_INDEX_KEY_NAME], line[ROLLOUT_INDEX_KEY_NAME])
+            except Exception:
+                key = None
+            if key not in recovered:
+                dst.write(raw if raw.endswith(b"\n") else raw + b"\n")
+    os.replace(tmp, path)
+
+
 def iter_pending_rows(
-    materialized_path: Path, finished: Optional[Union[set[int], FinishedRollouts]] = None, shard: Any = None
+    materialized_path: Path,
+    finished: Optional[Union[set[int], FinishedRollouts]] = None,
+    shard: Any = None,
+    history: Optional[FailureHistory] = None,
+    max_rollout_attempts: Optional[int] = None,
 ) -> Iterator[dict]:
     """Stream the rows of a materialized-inputs file whose (task, rollout) (packed key) is not in `finished` (and,
-    with a `merge.Shard`, whose task is in that shard)."""
+    with a `merge.Shard`, whose task is in that shard). With a `FailureHistory`, keys it says not to run again
+    are left out and the others carry `_ng_attempt_index` = their earlier attempts (when there were any)."""
+    if history is not None and max_rollout_attempts is None:
+        max_rollout_attempts = get_max_rollout_attempts()
     with open(materialized_path, "rb") as f:
         for line in f:
             line = line.strip()
             if not line:
                 continue
             row = orjson.loads(line)
-            if finished and rollout_key(row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]) in finished:
+            key = rollout_key(row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME])
+            if finished and key in finished:
                 continue
             if shard is not None and row[TASK_INDEX_KEY_NAME] not in shard:
                 continue
+            if history is not None and history.attempts:
+                if history.skip_reason(key, max_rollout_attempts) is not None:
+                    continue
+                earlier = history.attempts.get(key, 0)
+                if earlier:
+                    row[ATTEMPT_INDEX_KEY_NAME] = earlier
             yield row
 
 
@@ -703,6 +875,11 @@ class RolloutResult:
     @property
     def ok(self) -> bool:
         return self.error_type is None
+
+    @property
+    def persist(self) -> bool:
+        """False for an answer marked `_ng_no_persist` (kill-shaped): kept nowhere, run again on resume."""
+        return not (self.failure_class is not None and self.result is not None and self.result.get(NG_NO_PERSIST_KEY))
 
     @property
     def task_index(self) -> Optional[int]:
@@ -736,6 +913,8 @@ class RolloutResult:
         if self.failure_class is not None:
             record[NG_FAILURE_CLASS_KEY] = self.failure_class
             record[NG_TERMINAL_KEY] = self.terminal
+            if self.row.get(ATTEMPT_INDEX_KEY_NAME):  # the last attempt's index: what resume counts
+                record[ATTEMPT_INDEX_KEY_NAME] = self.row[ATTEMPT_INDEX_KEY_NAME]
             record["result"] = self.result
         return record
 
@@ -783,7 +962,9 @@ async def _run_one(
     # A failed rollout is rerun whole on a fresh session: /run is idempotent for the retry rules. An answer that
     # declares a failure (a judge that failed, ...) is rerun too, up to NEMO_GYM_MAX_ROLLOUT_ATTEMPTS attempts.
     attempts = 0
-    for attempt in range(max_rollout_attempts):
+    # A row re-dispatched on resume carries the attempts of earlier runs: only the rest of the budget is left.
+    first_attempt = int(row.get(ATTEMPT_INDEX_KEY_NAME) or 0)
+    for attempt in range(first_attempt, max(max_rollout_attempts, first_attempt + 1)):
         outcome = await retry_policy.run(post, idempotent=True, label=f"POST /run on agent `{agent}`")
         attempts += outcome.attempts
         data, status, error_type, message = read_outcome(
@@ -799,6 +980,8 @@ async def _run_one(
             data[ATTEMPT_INDEX_KEY_NAME] = row[ATTEMPT_INDEX_KEY_NAME]
         if not isinstance(data.get("agent_ref"), dict):  # v0.5 stamps it: aggregation groups by it
             data["agent_ref"] = {"name": agent}
+        if row.get(SKILLS_REF_KEY_NAME) is not None and SKILLS_REF_KEY_NAME not in data:  # v0.5 stamps it too
+            data[SKILLS_REF_KEY_NAME] = row[SKILLS_REF_KEY_NAME]
         if capture_dir is not None:
             merge_model_call_capture_into_record(data, capture_dir)
         declared = declared_failure(data)
@@ -821,7 +1004,7 @@ async def _run_one(
                 failure_class=failure_class,
                 terminal=terminal,
             )
-        row = {**row, ATTEMPT_INDEX_KEY_NAME: int(row.get(ATTEMPT_INDEX_KEY_NAME) or 0) + 1}
+        row = {**row, ATTEMPT_INDEX_KEY_NAME: attempt + 1}
     assert data is None
     if extra:  # our client was told to try once: its "after 1 attempt" would contradict `attempts`
         message = message.replace(" failed after 1 attempt:", " failed:")
@@ -1060,6 +1243,12 @@ class CollectionOutcome:
     paths: Optional[CollectionPaths] = None
     failure_types: dict[str, int] = field(default_factory=dict)
     aggregate_entries: list[dict] = field(default_factory=list)
+    # Resume: keys of earlier runs' declared failures not run again ("terminal" / "exhausted" -> count).
+    not_retried: dict[str, int] = field(default_factory=dict)
+    max_rollout_attempts: int = 0
+    not_persisted: int = 0
+    history: Optional["FailureHistory"] = None
+    recovered: set[int] = field(default_factory=set)  # keys with failure lines of earlier runs that succeeded now
 
 
 async def _collect(
@@ -1083,6 +1272,10 @@ async def _collect(
         ):
             record_result(result, out, fails, outcome)
             display.update(result)
+            if result.ok and outcome.history is not None and outcome.history.recorded:
+                key = rollout_key(result.task_index, result.rollout_index)
+                if key in outcome.history.recorded:
+                    outcome.recovered.add(key)
     if not config.disable_aggregation:
         await _aggregate(config, server_client, paths, outcome)
 
@@ -1153,8 +1346,11 @@ def record_result(result: RolloutResult, out: Any, fails: Any, tally: Any) -> No
         out.flush()
         tally.succeeded += 1
     else:
-        fails.write(orjson.dumps(result.failure_record()) + b"\n")
-        fails.flush()
+        if result.persist:
+            fails.write(orjson.dumps(result.failure_record()) + b"\n")
+            fails.flush()
+        elif hasattr(tally, "not_persisted"):  # a `_ng_no_persist` answer is written nowhere: resume runs it again
+            tally.not_persisted += 1
         tally.failed += 1
         kind = result.error_type or "?"
         tally.failure_types[kind] = tally.failure_types.get(kind, 0) + 1
@@ -1246,10 +1442,15 @@ def run_from_config(
             responses_create_params=config.responses_create_params,
             known_agents=known_agents,
             prompt_config=config.prompt_config,
+            skills_ref=_load_skills(config),
         )
 
     finished: Union[set[int], FinishedRollouts] = set()
+    history = FailureHistory()
+    max_rollout_attempts = get_max_rollout_attempts()
     if resume:
+        # Kept and appended to (v0.5): its lines are the attempts of earlier runs, which the resume policy counts.
+        history = read_failure_history(paths.failures)
         cut = repair_jsonl_tail(paths.output)
         if cut:
             _err(f"Removed a torn last line ({cut} bytes) from {paths.output}; that rollout runs again.")
@@ -1259,8 +1460,7 @@ def run_from_config(
             _err(f"Warning: {bad} unreadable line(s) in {paths.output} were ignored.")
     else:
         paths.output.unlink(missing_ok=True)
-    # Failed rollouts of an earlier run are retried now: their old records go.
-    paths.failures.unlink(missing_ok=True)
+        paths.failures.unlink(missing_ok=True)
     paths.aggregate_metrics.unlink(missing_ok=True)  # written anew at the end, over all rollouts of the output
     paths.output.touch()
 
@@ -1273,21 +1473,29 @@ def run_from_config(
         _err(f"Shard {shard}: {total} of the {stats.num_rows} rollouts (tasks whose index mod {shard.count} is {shard.index - 1}).")
     outcome = CollectionOutcome(total=total, paths=paths)
     cached = 0
-    if finished:
-        # Count only finished keys that belong to these inputs (a streaming pass, nothing kept).
+    if finished or history.attempts:
+        # Count only keys that belong to these inputs (a streaming pass, nothing kept).
         for row in iter_materialized_keys(paths.materialized_inputs):
-            if row in finished and (shard is None or (row >> 32) in shard):
+            if shard is not None and (row >> 32) not in shard:
+                continue
+            if row in finished:
                 cached += 1
+                continue
+            reason = history.skip_reason(row, max_rollout_attempts)
+            if reason is not None:
+                outcome.not_retried[reason] = outcome.not_retried.get(reason, 0) + 1
     outcome.cached = cached
+    outcome.max_rollout_attempts = max_rollout_attempts
+    outcome.history = history
 
-    display = ProgressDisplay(total, cached, enabled=config.progress_bar)
+    display = ProgressDisplay(total - sum(outcome.not_retried.values()), cached, enabled=config.progress_bar)
     interrupted = False
     try:
         asyncio.run(
             _collect(
                 config,
                 server_client,
-                iter_pending_rows(paths.materialized_inputs, finished, shard),
+                iter_pending_rows(paths.materialized_inputs, finished, shard, history, max_rollout_attempts),
                 paths,
                 display,
                 outcome,
@@ -1299,6 +1507,7 @@ def run_from_config(
         display.stop()
     outcome.mean_reward = display.mean_reward
     del finished
+    drop_recovered_failures(paths.failures, outcome.recovered)
 
     if paths.failures.exists() and paths.failures.stat().st_size == 0:
         paths.failures.unlink()
@@ -1316,7 +1525,19 @@ def run_from_config(
         profile_collection(paths, pass_threshold=config.pass_threshold)
 
     _print_outcome(outcome)
-    return 1 if outcome.failed else 0
+    return 1 if outcome.failed or outcome.not_retried else 0
+
+
+def _load_skills(config: RolloutCollectionConfig) -> Optional[dict]:
+    """The `skills_ref` of `+skills.path`, or None; a bad skills folder is a config error naming it."""
+    if config.skills is None:
+        return None
+    from nemo_gym.rollouts.skills import skills_ref_from_config
+
+    try:
+        return skills_ref_from_config(config.skills)
+    except ValueError as exc:
+        raise NeMoGymConfigError(f"+skills.path={config.skills.path}: {exc}") from None
 
 
 def iter_materialized_keys(materialized_path: Path) -> Iterator[int]:
@@ -1357,9 +1578,21 @@ def _print_outcome(outcome: CollectionOutcome) -> None:
         print_key_metrics(outcome.aggregate_entries)
     if outcome.failed:
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(outcome.failure_types.items()))
+        where = f"details in {paths.failures}"
+        if outcome.not_persisted:
+            where += f" ({outcome.not_persisted} marked _ng_no_persist are recorded nowhere)"
         _err(
-            f"{outcome.failed} rollout(s) failed after retries ({kinds}); details in {paths.failures}. "
-            f"Rerun with +resume_from_cache=true to retry them."
+            f"{outcome.failed} rollout(s) failed after retries ({kinds}); {where}. "
+            f"Rerun with +resume_from_cache=true to retry those not terminal and under "
+            f"{MAX_ROLLOUT_ATTEMPTS_ENV_VAR_NAME}={outcome.max_rollout_attempts or get_max_rollout_attempts()} attempts."
+        )
+    if outcome.not_retried:
+        terminal, exhausted = outcome.not_retried.get("terminal", 0), outcome.not_retried.get("exhausted", 0)
+        _err(
+            f"Not run again: {terminal} rollout(s) whose failure is terminal (_ng_failure_terminal) and {exhausted} "
+            f"that already failed {outcome.max_rollout_attempts} time(s) ({MAX_ROLLOUT_ATTEMPTS_ENV_VAR_NAME}); "
+            f"their records are in {paths.failures}. Raise {MAX_ROLLOUT_ATTEMPTS_ENV_VAR_NAME} to try the "
+            "latter again."
         )
     sys.stdout.flush()
 

@@ -12,7 +12,9 @@ Merging `SHARD.jsonl...` into `OUT.jsonl` (bounded memory: one bit per materiali
   written and the error names the first differing line or the foreign row;
 - rollout lines are copied verbatim, shard after shard; a (task, rollout) already copied from an earlier shard is
   a duplicate: dropped and reported;
-- `<stem>_failures.jsonl` rows are merged the same way, minus those whose rollout succeeded in some shard;
+- `<stem>_failures.jsonl` rows are merged the same way, minus those whose rollout succeeded in some shard; every
+  line of a failed rollout from the shard that ran it is kept (they are its attempts: v0.5's `_ng_attempt_index`,
+  `_ng_failure_class` and `_ng_failure_terminal` stay, and a resume from the merged file counts them);
 - `OUT_materialized_inputs.jsonl`, `OUT_reward_profiling.jsonl` and `OUT_agent_metrics.json` are then written as
   `ng_collect_rollouts` writes them at its end, so the merged folder looks like that of one unsharded run (rows in a
   different order, which no reader depends on: lines are in completion order there too).
@@ -297,20 +299,23 @@ def merge_shards(
 
         report.rollouts = _merge_lines(inputs, tmp[out.output], keys, report, take_rollout)
 
-        failed = keys.new_set()
+        failed: dict[int, Path] = {}  # failed key -> the shard whose lines are kept
 
         def take_failure(path: Path, lineno: int, task: int, rollout: int) -> bool:
+            # One shard's lines of a key are its attempts (v0.5 writes one line per attempt; resume counts them):
+            # all are kept. The same key failing in another shard too is a duplicate.
             key = (task << 32) | rollout
             if key in succeeded:
                 report.failures_succeeded_elsewhere += 1
                 return False
-            if key in failed:
+            owner = failed.setdefault(key, path)
+            if owner != path:
                 report.failure_duplicates += 1
                 return False
-            failed.add(key)
             return True
 
-        report.failures = _merge_lines([sp.failures for sp in shard_paths], tmp[out.failures], keys, report, take_failure)
+        _merge_lines([sp.failures for sp in shard_paths], tmp[out.failures], keys, report, take_failure)
+        report.failures = len(failed)
         shutil.copyfile(materialized[0], tmp[out.materialized_inputs])
 
         for key in iter_materialized_keys(materialized[0]):

@@ -18,6 +18,10 @@ Why it looks like this:
   as N processes, each on its own reserved port and supervised on its own (`ServerProcess.replica`); the ports
   are written into the config as the block's `replica_ports`, so clients and the head server know every replica.
   With `num_replicas: 1` (the default) nothing of this happens.
+- NeMo Gym v0.5 keys: `nemo_gym_log_dir` also writes each server's output to `<dir>/<server id>.log` (appended
+  across restarts; a replica's to `<server id>[i].log`); `model_endpoint_readiness_timeout_seconds` (600; <= 0
+  skips) waits, once the servers are healthy, for the upstream endpoints their model blocks name (`*base_url`),
+  so a collection does not start against a vLLM that is still loading; `verbose` logs at DEBUG.
 - Ray actors (decision 24): a block with `ray_actor_options` runs as `num_replicas` Ray actors
   (runtime/ray_actors.py), each running the same server command on the node Ray picked, on a port it bound
   there. Ray restarts them (`max_restarts`); this process polls their addresses for the head server. Ray is
@@ -49,6 +53,10 @@ TAIL_LINES = 40
 HEALTH_POLL_INTERVAL_S = 0.05
 SUPERVISE_INTERVAL_S = 0.2
 DEFAULT_READY_TIMEOUT_S = 600.0
+DEFAULT_MODEL_ENDPOINT_READINESS_TIMEOUT_S = 600.0
+MODEL_ENDPOINT_PROBE_TIMEOUT_S = 5.0
+MODEL_ENDPOINT_PROBE_INTERVAL_S = 3.0
+MODEL_SERVER_TYPE = "responses_api_models"
 SIGINT_GRACE_S = 5.0
 SIGTERM_GRACE_S = 3.0
 RESTART_HEALTH_TIMEOUT_S = 1.0
@@ -229,17 +237,36 @@ class RunHelper:
             self.out.write(text + "\n")
             self.out.flush()
 
+    def _server_log_file(self, server: ServerProcess) -> Optional[Any]:
+        """`<nemo_gym_log_dir>/<label>.log` opened for append, or None without `nemo_gym_log_dir`."""
+        log_dir = self.cfg.get("nemo_gym_log_dir")
+        if not log_dir:
+            return None
+        folder = Path(str(log_dir)).expanduser()
+        if not folder.is_absolute():
+            folder = self.cwd / folder
+        folder.mkdir(parents=True, exist_ok=True)
+        return open(folder / f"{server.label}.log", "a", encoding="utf-8")
+
     def _forward_output(self, server: ServerProcess) -> None:
         popen = server.popen  # this process's pipe, even once a restart has replaced `server.popen`
         assert popen is not None and popen.stdout is not None
         prefix = f"({server.spec.server_id}) "
         ours = f"({server.label}) "
-        for raw in iter(popen.stdout.readline, b""):
-            line = raw.decode("utf-8", errors="replace").rstrip("\n")
-            server.tail.append(line)
-            # Children prefix their own lines (with the server id; a replica's index is added here); output from
-            # before that (venv, import errors) gets ours.
-            self.say(ours + line[len(prefix):] if line.startswith(prefix) else ours + line)
+        log_file = self._server_log_file(server)
+        try:
+            for raw in iter(popen.stdout.readline, b""):
+                line = raw.decode("utf-8", errors="replace").rstrip("\n")
+                server.tail.append(line)
+                if log_file is not None:
+                    log_file.write(line + "\n")
+                    log_file.flush()
+                # Children prefix their own lines (with the server id; a replica's index is added here); output
+                # from before that (venv, import errors) gets ours.
+                self.say(ours + line[len(prefix):] if line.startswith(prefix) else ours + line)
+        finally:
+            if log_file is not None:
+                log_file.close()
         popen.stdout.close()
 
     # ------------------------------------------------------------------------------------------------ start
@@ -570,6 +597,80 @@ class RunHelper:
                     last_progress = now
                 time.sleep(HEALTH_POLL_INTERVAL_S)
 
+    def model_endpoints(self) -> list[tuple[str, str]]:
+        """(config key, url) of every non-empty `*base_url` value (a string or a list) of the model server blocks."""
+        from nemo_gym.config.global_config import find_server_instances
+
+        found: list[tuple[str, str]] = []
+        for spec in find_server_instances(self.cfg):
+            if spec.server_type != MODEL_SERVER_TYPE:
+                continue
+            block = OmegaConf.to_container(spec.config, resolve=True)
+            for key, value in block.items():
+                if not str(key).endswith("base_url"):
+                    continue
+                where = f"{spec.server_id}.{spec.server_type}.{spec.impl}.{key}"
+                values = value if isinstance(value, list) else [value]
+                for i, url in enumerate(values):
+                    if isinstance(url, str) and url.strip():
+                        found.append((where + (f"[{i}]" if isinstance(value, list) else ""), url.strip()))
+        return found
+
+    def wait_for_model_endpoints(self) -> None:
+        """Wait until every upstream model endpoint answers (v0.5's `model_endpoint_readiness_timeout_seconds`).
+
+        Probes `GET <url>/models` (a url ending in /v1) or `GET <url>` every few seconds: any HTTP answer, or a TLS
+        error, means up. A host name that does not resolve is reported and not waited for. Past the timeout:
+        `NeMoGymConfigError` naming the url and its key (the caller stops the stack)."""
+        import httpx
+
+        from nemo_gym.runtime.status import health_client
+
+        timeout_s = float(
+            self.cfg.get("model_endpoint_readiness_timeout_seconds", DEFAULT_MODEL_ENDPOINT_READINESS_TIMEOUT_S)
+        )
+        if timeout_s <= 0:
+            return
+        pending = {url: key for key, url in reversed(self.model_endpoints())}  # first key naming a url wins
+        if not pending:
+            return
+        t0 = time.monotonic()
+        announced = False
+        with health_client(timeout=MODEL_ENDPOINT_PROBE_TIMEOUT_S) as client:
+            while True:
+                for url, key in list(pending.items()):
+                    probe = url.rstrip("/") + "/models" if url.rstrip("/").endswith("/v1") else url
+                    try:
+                        client.get(probe)
+                    except httpx.HTTPError as exc:
+                        if _caused_by(exc, "SSLError", "SSLCertVerificationError"):
+                            del pending[url]  # TLS trouble: something is listening
+                        elif _caused_by(exc, "gaierror"):
+                            self.say(f"Warning: model endpoint {url} ({key}): its host does not resolve; not waited for.")
+                            del pending[url]
+                        continue
+                    del pending[url]
+                if not pending:
+                    if announced:
+                        self.say(f"Model endpoints ready ({time.monotonic() - t0:.1f} s).")
+                    return
+                if self._stop_requested.is_set():
+                    raise KeyboardInterrupt
+                if time.monotonic() - t0 > timeout_s:
+                    url, key = next(iter(pending.items()))
+                    raise NeMoGymConfigError(
+                        f"model endpoint {url} (`{key}`) did not answer within {timeout_s:g} s "
+                        f"(model_endpoint_readiness_timeout_seconds); the servers were stopped. Start the model "
+                        "server or fix the url, raise the timeout, or set "
+                        "+model_endpoint_readiness_timeout_seconds=0 to skip this wait."
+                    )
+                if not announced:
+                    self.say("Waiting for model endpoints: " + ", ".join(f"{u} ({k})" for u, k in pending.items()))
+                    announced = True
+                deadline = time.monotonic() + MODEL_ENDPOINT_PROBE_INTERVAL_S
+                while time.monotonic() < deadline and not self._stop_requested.is_set():
+                    time.sleep(0.1)
+
     def _check_actors_starting(self) -> None:
         """While the stack starts, an actor whose server exited (or that Ray could not keep alive) is a crash:
         its report carries the server's last output lines when the actor could send them."""
@@ -855,6 +956,18 @@ class RunHelper:
                 raise ServerCrashed("The supervision thread stopped unexpectedly.")
 
 
+def _caused_by(exc: BaseException, *type_names: str) -> bool:
+    """Whether an exception of one of these class names is in `exc`'s cause/context chain."""
+    seen = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__name__ in type_names or any(t.__name__ in type_names for t in type(current).__mro__):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -864,6 +977,11 @@ def run_stack(global_config: DictConfig, *, out=None) -> int:
     """The body of `ng_run`. Returns the process exit code: 0 after a requested stop, 1 when a server had failed
     (restart budget spent). A server that crashes while the stack starts, or whose environment cannot be built,
     raises `NeMoGymStackError` (exit 1) after the full report was printed and the stack stopped."""
+    if global_config.get("verbose"):
+        import logging
+
+        logging.basicConfig(level=logging.DEBUG)
+        logging.getLogger().setLevel(logging.DEBUG)
     helper = RunHelper(global_config, out=out)
     previous = {sig: signal.signal(sig, helper.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -880,6 +998,7 @@ def run_stack(global_config: DictConfig, *, out=None) -> int:
         helper.start_servers()
         helper.start_head()
         seconds = helper.wait_until_ready(helper.ready_timeout_s)
+        helper.wait_for_model_endpoints()
         helper.print_ready_table(seconds)
         helper.supervise()
         failed = helper.failed_servers()

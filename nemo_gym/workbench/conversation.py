@@ -43,8 +43,12 @@ class ChatOptions:
 
 
 def response_output(rollout: Mapping[str, Any]) -> list:
-    """The output items of a rollout's response. A line of a `_failures.jsonl` file, or any row without a response
+    """The output items of a rollout's response. A line of a `_failures.jsonl` file (ours, or NeMo Gym v0.5's: the
+    agent's result with `_ng_failure_class`, whose reward is not a score), or any row without a response
     (materialized inputs, a truncated write), is `Unusable`."""
+    failure_class = rollout.get("_ng_failure_class")
+    if failure_class is not None or rollout.get("_ng_no_persist"):
+        raise Unusable("failed_rollout", f"_ng_failure_class {failure_class or 'no_persist'}")
     response = rollout.get("response")
     if not isinstance(response, Mapping):
         if "error_type" in rollout and "row" in rollout:

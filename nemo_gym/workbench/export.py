@@ -56,7 +56,8 @@ KINDS = ("sft", "dpo", "tokens")
 # Why a rollout was not exported: the key it is counted under and what it means.
 DROP_REASONS = {
     "bad_json_line": "a line that is not a JSON object (bad JSON, a torn last line)",
-    "failed_rollout": "a line of a _failures.jsonl file: the rollout failed, there is no response",
+    "failed_rollout": "a failed rollout: a line of a _failures.jsonl file, or a result that declares a failure "
+    "(`_ng_failure_class`, `_ng_no_persist`)",
     "no_response": "no `response.output` (not a rollout line)",
     "no_prompt": "no `responses_create_params`",
     "incomplete_response": "the response stopped early (status incomplete, e.g. max_output_tokens); "

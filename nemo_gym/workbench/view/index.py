@@ -205,18 +205,25 @@ def summarize_rollout(row: Any) -> dict:
 
 
 def summarize_failure(record: Any) -> dict:
-    """The table fields of one `_failures.jsonl` line: status `failed`, its error type and message."""
+    """The table fields of one `_failures.jsonl` line: status `failed`, its error type and message.
+
+    Two shapes: our failure records (`error_type`, `message`, `agent_name`, the input as `row`) and NeMo Gym
+    v0.5's sidecar lines, which are the agent's result itself with `_ng_failure_class` (one line per attempt)."""
     if not isinstance(record, dict):
         return {"status": "unreadable", "error_type": "NotAnObject"}
-    row = record.get("row") if isinstance(record.get("row"), dict) else {}
-    agent = record.get("agent_name") if isinstance(record.get("agent_name"), str) else _agent(row)
+    row = record.get("row") if isinstance(record.get("row"), dict) else record
+    agent = record.get("agent_name") if isinstance(record.get("agent_name"), str) else _agent(row) or _agent(record)
     message = record.get("message")
+    if message is None:
+        message = record.get("_ng_failure_judge_error")
+    error_type = record.get("error_type") or record.get("_ng_failure_class")
     return {
         "task": _int(record.get("_ng_task_index", row.get("_ng_task_index"))),
         "rollout": _int(record.get("_ng_rollout_index", row.get("_ng_rollout_index"))),
         "agent": agent,
+        "reward": _number(record.get("reward")) if row is record else None,
         "status": "failed",
-        "error_type": str(record.get("error_type") or "unknown"),
+        "error_type": str(error_type or "unknown"),
         "message": None if message is None else str(message)[:_MESSAGE_CHARS],
         "preview": prompt_preview(row.get("responses_create_params")),
     }
