@@ -23,3 +23,12 @@ if str(PARENT_DIR) not in sys.path:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_DATASETS_CACHE", str(CACHE_DIR / "huggingface"))
 os.environ.setdefault("TRANSFORMERS_CACHE", str(CACHE_DIR / "huggingface"))
+
+
+def __getattr__(name: str):
+    # `nemo_gym.component_search_roots` (NeMo Gym v0.5), imported on first use so `import nemo_gym` stays light.
+    if name == "component_search_roots":
+        from nemo_gym.rollouts.benchmarks import component_search_roots
+
+        return component_search_roots
+    raise AttributeError(f"module 'nemo_gym' has no attribute {name!r}")

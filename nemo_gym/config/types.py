@@ -11,7 +11,7 @@ import types
 import typing
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
@@ -31,7 +31,11 @@ __all__ = [
     "Domain",
     "GitlabIdentifier",
     "HuggingFaceIdentifier",
+    "GitlabDatasetSource",
+    "HuggingFaceDatasetSource",
     "DatasetConfig",
+    "BenchmarkDatasetConfig",
+    "parse_dataset_config",
     "BaseServerConfig",
     "RestartPolicy",
     "BaseRunServerConfig",
@@ -128,9 +132,14 @@ DatasetLicense = Literal[
     "NVIDIA Internal Use Only, Do Not Distribute",
     "TBD",
     "GNU General Public License v3.0",
+    # Added in NeMo Gym v0.5.
+    "CC BY-SA 4.0",
+    "CC BY-NC 3.0",
+    "NVIDIA Evaluation Dataset License Agreement",
 ]
 
-DatasetType = Literal["train", "validation", "example"]
+# `benchmark` (NeMo Gym v0.5): evaluation data made by the dataset's `prepare_script` (see BenchmarkDatasetConfig).
+DatasetType = Literal["train", "validation", "example", "benchmark"]
 
 
 class GitlabIdentifier(BaseModel):
@@ -149,6 +158,21 @@ class HuggingFaceIdentifier(BaseModel):
     artifact_fpath: Optional[str] = None
 
 
+class GitlabDatasetSource(GitlabIdentifier):
+    """`source: {type: gitlab, ...}` (NeMo Gym v0.5's spelling of `gitlab_identifier`)."""
+
+    type: Literal["gitlab"]
+
+
+class HuggingFaceDatasetSource(HuggingFaceIdentifier):
+    """`source: {type: huggingface, ...}` (NeMo Gym v0.5's spelling of `huggingface_identifier`)."""
+
+    type: Literal["huggingface"]
+
+
+DatasetSource = Annotated[Union[GitlabDatasetSource, HuggingFaceDatasetSource], Field(discriminator="type")]
+
+
 class DatasetConfig(BaseModel):
     """One `datasets` entry on an agent block."""
 
@@ -156,6 +180,9 @@ class DatasetConfig(BaseModel):
     type: DatasetType
     jsonl_fpath: str
     num_repeats: int = Field(default=1, ge=1)
+    # Where the file comes from: `source` (v0.5) or the older `gitlab_identifier` / `huggingface_identifier`
+    # (still accepted; a `source` is mirrored into the matching identifier, so code reading those keeps working).
+    source: Optional[DatasetSource] = None
     gitlab_identifier: Optional[GitlabIdentifier] = None
     huggingface_identifier: Optional[HuggingFaceIdentifier] = None
     license: Optional[DatasetLicense] = None
@@ -166,6 +193,43 @@ class DatasetConfig(BaseModel):
         if self.type in ("train", "validation") and self.license is None:
             raise ValueError(f"A license is required for {self.name}")
         return self
+
+    @model_validator(mode="after")
+    def _one_source_style(self) -> "DatasetConfig":
+        if self.source is None:
+            return self
+        if self.gitlab_identifier is not None or self.huggingface_identifier is not None:
+            raise ValueError(
+                f"Dataset {self.name} has both `source` and `gitlab_identifier`/`huggingface_identifier`; keep only "
+                "`source` (the identifiers are the older spelling of the same thing)."
+            )
+        fields = self.source.model_dump(exclude={"type"})
+        if isinstance(self.source, GitlabDatasetSource):
+            object.__setattr__(self, "gitlab_identifier", GitlabIdentifier(**fields))
+        else:
+            object.__setattr__(self, "huggingface_identifier", HuggingFaceIdentifier(**fields))
+        return self
+
+
+class BenchmarkDatasetConfig(DatasetConfig):
+    """The dataset of a benchmark definition (`benchmarks/<name>/config.yaml`, NeMo Gym v0.5).
+
+    Its JSONL is not committed: `prepare_script` (a dotted module path, e.g. `benchmarks.arithmetic.prepare`) has a
+    `prepare(**args)` that writes it and returns its path, which must be `jsonl_fpath` (`ng_prepare_benchmark`).
+    `prompt_config` (a prompt template YAML) renders each row's input at collation, so the data stays prompt-free;
+    `num_repeats` copies each row that many times at collation."""
+
+    type: Literal["benchmark"] = "benchmark"
+    prepare_script: str
+    prompt_config: Optional[str] = None
+
+
+def parse_dataset_config(raw: Any) -> DatasetConfig:
+    """A `datasets` entry as its model: `BenchmarkDatasetConfig` for `type: benchmark`, else `DatasetConfig`.
+    Raises pydantic's ValidationError."""
+    if isinstance(raw, Mapping) and raw.get("type") == "benchmark":
+        return BenchmarkDatasetConfig.model_validate(dict(raw))
+    return DatasetConfig.model_validate(raw)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 Flow (reference section 3 / 5.6, with the decisions below):
 
 1. Find the agent blocks with `datasets` and keep the entries whose `type` is in scope for the mode:
-   `example` for `example_validation`, `train` + `validation` for `train_preparation`. An agent whose
+   `example` for `example_validation`, `train` + `validation` + `benchmark` for `train_preparation` (NeMo Gym
+   v0.5 collates benchmark datasets with the training data; their relative `jsonl_fpath` is looked up in the
+   search roots, `nemo_gym.rollouts.benchmarks.resolve_component_path`, since definitions can live in any). An agent whose
    datasets are all out of scope contributes nothing (the reference kept all of them: Appendix A.9).
 2. Every in-scope file must exist (relative paths are taken from the current directory). Downloads are
    not supported offline: with `should_download=true` a missing file is an error that says where the
@@ -84,6 +86,7 @@ from nemo_gym.config.types import (
     BaseNeMoGymCLIConfig,
     DatasetConfig,
     format_validation_errors,
+    parse_dataset_config,
 )
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.rollouts.prompts import PromptConfig, apply_prompt_to_row, load_prompt_config
@@ -122,7 +125,8 @@ UNIQUE_COUNT = "unique_count"
 TOTAL_COUNT = "total_count"
 
 MODE_TYPES: dict[str, tuple[str, ...]] = {
-    "train_preparation": ("train", "validation"),
+    # Benchmark datasets (NeMo Gym v0.5) are collated with the training data, as v0.5 does.
+    "train_preparation": ("train", "validation", "benchmark"),
     "example_validation": ("example",),
 }
 
@@ -267,15 +271,21 @@ def find_datasets_in_scope(
         resources_name = _resources_server_ref(spec.config)
         for index, raw in enumerate(raw_datasets):
             try:
-                dataset = DatasetConfig.model_validate(raw)
+                dataset = parse_dataset_config(raw)
             except ValidationError as err:
                 lines = "; ".join(format_validation_errors(err))
                 raise NeMoGymConfigError(f"Agent `{spec.server_id}`: datasets[{index}] is invalid: {lines}") from None
             if dataset.type not in in_scope:
                 continue
-            path = Path(os.path.expanduser(dataset.jsonl_fpath))
-            if not path.is_absolute():
-                path = cwd / path
+            if dataset.type == "benchmark":
+                # Benchmark definitions live under any search root (benchmarks/<name>/...), so their data does too.
+                from nemo_gym.rollouts.benchmarks import resolve_component_path
+
+                path = resolve_component_path(dataset.jsonl_fpath)
+            else:
+                path = Path(os.path.expanduser(dataset.jsonl_fpath))
+                if not path.is_absolute():
+                    path = cwd / path
             prompt = _dataset_prompt_config(spec.server_id, index, dataset, raw)
             found.append(DatasetToPrepare(spec.server_id, dataset, path, resources_name, prompt_config=prompt))
 
@@ -319,7 +329,13 @@ def check_dataset_files(config: TrainDataProcessorConfig, datasets: list[Dataset
             continue
         ds = item.dataset
         where = f"{item.label}: file {ds.jsonl_fpath} not found (looked at {item.path})"
-        if config.should_download and ds.type != "example":
+        if ds.type == "benchmark":
+            problems.append(
+                f"{where}. Benchmark data is written by its prepare_script ({getattr(ds, 'prepare_script', '?')}): "
+                'run ng_prepare_benchmark "+config_paths=[<the benchmark config>,<model config>]" first, or let '
+                "ng_e2e_collect_rollouts +split=benchmark prepare it."
+            )
+        elif config.should_download and ds.type != "example":
             source = _download_source(config, ds)
             if source is None:
                 problems.append(
@@ -688,8 +704,9 @@ def _count_user_turns(items: Any) -> int:
 
 
 def metrics_document(dataset: DatasetConfig, accumulator: DatasetMetricsAccumulator) -> dict[str, Any]:
-    """The contents of a metrics file: the dataset's config fields, then the aggregates."""
-    return {**dataset.model_dump(mode="json"), **accumulator.to_dict()}
+    """The contents of a metrics file: the dataset's config fields, then the aggregates. A `source` block is left
+    out: it is mirrored into the `*_identifier` field it spells, so files written before it existed still compare."""
+    return {**dataset.model_dump(mode="json", exclude={"source"}), **accumulator.to_dict()}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -69,31 +69,8 @@ SYMBOLS: dict[str, list[str]] = {
 # Not in the tree when this test was written; each is an expected failure until it lands (an XPASS in the
 # summary means it has landed: remove it from here).
 NOT_YET_PRESENT: dict[str, str] = {
-    "nemo_gym:component_search_roots": "section 12.4 search roots",
-    "nemo_gym.config_types:BenchmarkDatasetConfig": "section 12.4 benchmark datasets",
-    "nemo_gym.config_types:GitlabDatasetSource": "section 12.4 dataset `source:` blocks",
-    "nemo_gym.config_types:HuggingFaceDatasetSource": "section 12.4 dataset `source:` blocks",
-    "nemo_gym.config_types:ConfigError": "section 13.1 config errors",
-    "nemo_gym.config_types:ConfigPathNotFoundError": "section 13.1 config errors",
-    "nemo_gym.config_types:MalformedConfigPathsError": "section 13.1 config errors",
-    "nemo_gym.config_types:NoServerInstancesError": "section 13.1 config errors",
-    "nemo_gym.config_types:ConfigInterpolationError": "section 13.1 config errors",
-    "nemo_gym.config_types:ServerRefNotFoundError": "section 13.1 config errors",
-    "nemo_gym.config_types:AlmostServerError": "section 13.1 config errors",
-    "nemo_gym.config_types:ConfigMissingValuesError": "section 13.1 config errors",
-    "nemo_gym.config_types:InheritPathNotFoundError": "section 13.1 config errors",
     "nemo_gym.rollout_reverification:RolloutReverificationConfig": "section 4 gym eval reverify",
     "nemo_gym.rollout_reverification:RolloutReverificationHelper": "section 4 gym eval reverify",
-    "nemo_gym.rollout_collection:E2ERolloutCollectionConfig": "section 11.1 E2E collection config at this path",
-    "nemo_gym.rollout_collection:RolloutAggregationConfig": "section 3.3 gym eval aggregate",
-    "nemo_gym.skills:load_skill_directory": "section 11.4 skills",
-    "nemo_gym.skills:stage_skills": "section 11.4 skills",
-    "nemo_gym.skills:SkillsRef": "section 11.4 skills",
-    "nemo_gym.skills:SkillMetadata": "section 11.4 skills",
-    "nemo_gym.benchmarks:BenchmarkConfig": "section 12.4 benchmark discovery",
-    "nemo_gym.benchmarks:discover_benchmarks": "section 12.4 benchmark discovery",
-    "nemo_gym.cli.main:main": "section 12 the gym CLI",
-    "nemo_gym.cli.legacy:main": "section 12.3 legacy ng_* shims",
 }
 
 

@@ -111,7 +111,7 @@ def test_config_parameters_and_scope(ws):
     assert config.should_download is False
     assert config.data_source == "huggingface"
     assert config.overwrite_metrics_conflicts is False
-    assert config.in_scope_dataset_types == ("train", "validation")
+    assert config.in_scope_dataset_types == ("train", "validation", "benchmark")  # v0.5: benchmark datasets are collated too
     config, _ = load(ws, "+output_dirpath=out", "+mode=example_validation")
     assert config.in_scope_dataset_types == ("example",)
 
