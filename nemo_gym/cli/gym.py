@@ -456,6 +456,9 @@ def translate(argv: Sequence[str]) -> Translation:
     if action.unavailable:
         return Translation("gym:unavailable", overrides, search_dirs, words, notes, action)
     command = action.pick(switches, overrides) if action.pick else action.command
+    if command == "e2e_collect_rollouts" and any(kind == "benchmark" for kind, _ in assets):
+        if not any(o.startswith("+split=") for o in overrides):  # `--benchmark X` runs X's benchmark dataset
+            overrides.append("+split=benchmark")
     if action.command == "list_benchmarks" and words:
         overrides.append(f"+name={_literal(words[0])}")
         words = []

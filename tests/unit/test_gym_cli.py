@@ -181,7 +181,7 @@ def test_asset_selectors_resolve_over_search_dir_then_cwd(tmp_path, monkeypatch)
     t = translate(["eval", "run", "--search-dir", str(extra), "--config", "a.yaml", "--benchmark", "mybench",
                    "--environment", "myenv", "--resources-server", "myrs", "--model-type", "mymodel"])
     paths = [str(p.resolve()) for p in (bench, shadow, rs, model)]
-    assert t.overrides == [f"+config_paths=[a.yaml,{','.join(paths)}]"]
+    assert t.overrides == [f"+config_paths=[a.yaml,{','.join(paths)}]", "+split=benchmark"]  # --benchmark runs its split
     assert t.search_dirs == [str(extra)]
     assert tr("eval", "prepare", "--benchmark", "mybench/hard")[1] == [f"+config_paths=[{flavor.resolve()}]"]
     assert tr("env", "start", "--resources-server", "myrs/judge")[1] == [f"+config_paths=[{rs_flavor.resolve()}]"]
@@ -309,3 +309,13 @@ def test_list_environments_reads_environment_folders(tmp_path, monkeypatch, caps
 def test_unknown_top_level_option_suggests():
     with pytest.raises(GymUsageError, match="Did you mean `--version`"):
         translate(["--versoin"])
+
+
+def test_eval_run_with_a_benchmark_runs_its_benchmark_split_unless_told_otherwise():
+    from nemo_gym.cli.gym import translate
+
+    t = translate(["eval", "run", "--benchmark", "arithmetic", "-o", "out.jsonl"])
+    assert t.command_name == "e2e_collect_rollouts" and "+split=benchmark" in t.overrides
+    assert any(o.startswith("+config_paths=[") and "benchmarks/arithmetic/config.yaml" in o for o in t.overrides)
+    told = translate(["eval", "run", "--benchmark", "arithmetic", "--split", "validation", "-o", "out.jsonl"])
+    assert "+split=validation" in told.overrides and "+split=benchmark" not in told.overrides
