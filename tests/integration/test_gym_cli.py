@@ -82,6 +82,13 @@ def test_env_start_status_eval_run_and_profile_against_a_real_stack(tmp_path):
                            "--rollouts", str(out), "-o", str(reverified), "--concurrency", "2", head, cwd=tmp_path)
             assert reverify.returncode == 0, reverify.stdout + reverify.stderr
             assert "--inputs is not needed here" in reverify.stderr
+
+            aggregate = gym("eval", "aggregate", "--input-glob", str(out), "-o", str(tmp_path / "agg" / "all.jsonl"),
+                            head, cwd=tmp_path)
+            assert aggregate.returncode == 0, aggregate.stdout + aggregate.stderr
+            entries = json.loads((tmp_path / "agg" / "all_aggregate_metrics.json").read_text())
+            assert entries[0]["agent_ref"] == {"name": "counter_simple_agent"}
+            assert entries[0]["agent_metrics"]["mean/reward"] == 0.5
         finally:
             assert stack.stop(timeout=60) == 0, stack.output
 
@@ -182,3 +189,36 @@ def test_env_init_scaffolds_a_server_and_env_packages_lists_this_python(tmp_path
     assert {"nemo-gym", "fastapi", "pydantic"} <= names
     missing = gym("env", "packages", "--resources-server", "my_counter", cwd=tmp_path)
     assert missing.returncode == 1 and "no built venv for resources_servers/my_counter" in missing.stderr
+
+
+def test_list_search_validate_render_and_prepare_without_a_stack(tmp_path):
+    """The offline actions, each a real `gym` process: they run the registered commands."""
+    listed = gym("list", "benchmarks", "--json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    names = {b["name"] for b in json.loads(listed.stdout)}
+    assert {"arithmetic", "multiple_choice", "reasoning_gym_mini"} <= names
+
+    found = gym("search", "arithm", cwd=tmp_path)
+    assert found.returncode == 0 and "arithmetic" in found.stdout, found.stdout + found.stderr
+    envs = gym("list", "environments", cwd=tmp_path)
+    assert envs.returncode == 0 and "frozen_lake" in envs.stdout, envs.stdout + envs.stderr
+
+    ok = gym("env", "validate", "--config", "configs/quickstart.yaml", cwd=REPO_ROOT)
+    assert ok.returncode == 0 and "Config OK" in ok.stdout, ok.stdout + ok.stderr
+    (tmp_path / "bad.yaml").write_text("agent:\n  responses_api_agents:\n    simple_agent:\n      entrypoint: app.py\n"
+                                      "      resources_server: {type: resources_servers, name: nope}\n"
+                                      "      model_server: {type: responses_api_models, name: policy_model}\n")
+    bad = gym("env", "validate", "--config", str(tmp_path / "bad.yaml"), cwd=tmp_path)
+    assert bad.returncode == 2 and "nope" in bad.stdout + bad.stderr
+
+    (tmp_path / "q.jsonl").write_text(json.dumps({"question": "2 + 2"}) + "\n")
+    (tmp_path / "p.yaml").write_text("user: 'Q: {question}'\n")
+    render = gym("dataset", "render", "-i", "q.jsonl", "--prompt-config", "p.yaml", "-o", "r.jsonl", cwd=tmp_path)
+    assert render.returncode == 0, render.stdout + render.stderr
+    rendered = read_jsonl(tmp_path / "r.jsonl")[0]
+    assert rendered["responses_create_params"]["input"] == [{"role": "user", "content": "Q: 2 + 2"}]
+
+    prepared = gym("eval", "prepare", "--benchmark", "multiple_choice", cwd=tmp_path)
+    assert prepared.returncode == 0, prepared.stdout + prepared.stderr
+    data = REPO_ROOT / "benchmarks" / "multiple_choice" / "data" / "multiple_choice_benchmark.jsonl"
+    assert data.exists() and len(read_jsonl(data)) >= 5
