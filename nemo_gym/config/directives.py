@@ -20,7 +20,13 @@ from typing import Any, Optional
 
 from nemo_gym.errors import InheritPathNotFoundError
 
-__all__ = ["INHERIT_FROM_RESOLVER_NAME", "COPY_RESOLVER_NAME", "apply_config_directives", "directive_literal"]
+__all__ = [
+    "INHERIT_FROM_RESOLVER_NAME",
+    "COPY_RESOLVER_NAME",
+    "apply_config_directives",
+    "directive_literal",
+    "lookup_path",
+]
 
 INHERIT_FROM_RESOLVER_NAME = "inherit_from"
 COPY_RESOLVER_NAME = "copy"
@@ -54,8 +60,13 @@ def _has_directive(node: Any) -> bool:
 
 
 def _lookup(root: Any, path: str) -> tuple[bool, Any]:
+    return lookup_path(root, [p for p in path.split(".") if p])
+
+
+def lookup_path(root: Any, parts: list[str]) -> tuple[bool, Any]:
+    """(found, value) at the key path `parts` of plain dicts and lists (a list index as a digit string)."""
     node = root
-    for part in [p for p in path.split(".") if p]:
+    for part in parts:
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):

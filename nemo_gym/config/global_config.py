@@ -42,6 +42,7 @@ from nemo_gym.config.directives import (
     INHERIT_FROM_RESOLVER_NAME,
     apply_config_directives,
     directive_literal,
+    lookup_path,
 )
 from nemo_gym.errors import NeMoGymConfigError, closest_match, did_you_mean
 from nemo_gym.config.overrides import Override, apply_overrides, parse_overrides
@@ -413,20 +414,8 @@ def _explain_resolution_error(err: BaseException, where: str = "") -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def _get_path(data: Any, path: list[str]) -> tuple[bool, Any]:
-    node = data
-    for part in path:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return False, None
-    return True, node
-
-
 def _delete_path(data: Any, path: list[str]) -> None:
-    found, parent = _get_path(data, path[:-1])
+    found, parent = lookup_path(data, path[:-1])
     if found and isinstance(parent, dict):
         parent.pop(path[-1], None)
 
@@ -445,7 +434,7 @@ def _apply_swap_keys(data: dict) -> None:
             if isinstance(value, str) and value.startswith(_SWAP_KEY_PREFIX) and value.endswith("}"):
                 src = value[len(_SWAP_KEY_PREFIX) : -1].strip()
                 path = [p for p in src.split(".") if p]
-                found, moved = _get_path(frozen, path)
+                found, moved = lookup_path(frozen, path)
                 if not found:
                     raise NeMoGymConfigError(
                         f"`{here}: {value}` moves `{src}`, but `{src}` is not in the config. "

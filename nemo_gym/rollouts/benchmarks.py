@@ -143,14 +143,12 @@ def _listing(data: Mapping) -> dict[str, Optional[str]]:
     return found
 
 
-class BenchmarkConfig(BaseModel):
-    """One discovered benchmark: its name, where its definition is, and the `type: benchmark` dataset."""
+class _Definition(BaseModel):
+    """What benchmarks and environments share: a name, the YAML that defines it, and its listing fields."""
 
     name: str
     config_path: Path  # the definition YAML (absolute)
     root: Path  # the search root it was found under
-    agent_name: str  # the agent block that carries the dataset
-    dataset: BenchmarkDatasetConfig
     resources_servers: list[str] = Field(default_factory=list)  # implementation names, e.g. ["mcqa"]
     domain: Optional[str] = None
     description: Optional[str] = None
@@ -162,48 +160,29 @@ class BenchmarkConfig(BaseModel):
         return self.config_path.relative_to(self.root).as_posix()
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "config_path": self.config_relpath,
-            "root": str(self.root),
-            "agent": self.agent_name,
-            "dataset": self.dataset.model_dump(mode="json", exclude_none=True),
-            "resources_servers": self.resources_servers,
-            "domain": self.domain,
-            "description": self.description,
-            "value": self.value,
-        }
+        data = self.model_dump(mode="json", exclude_none=False)
+        data["config_path"] = self.config_relpath
+        return data
 
 
-class EnvironmentConfig(BaseModel):
-    """One discovered environment (`environments/<name>/config.yaml`)."""
+class BenchmarkConfig(_Definition):
+    """One discovered benchmark: its name, where its definition is, and the `type: benchmark` dataset."""
 
-    name: str
-    config_path: Path
-    root: Path
-    resources_servers: list[str] = Field(default_factory=list)
-    agents: list[str] = Field(default_factory=list)  # agent block ids
-    dataset_types: list[str] = Field(default_factory=list)
-    domain: Optional[str] = None
-    description: Optional[str] = None
-    value: Optional[str] = None
-
-    @property
-    def config_relpath(self) -> str:
-        return self.config_path.relative_to(self.root).as_posix()
+    agent_name: str  # the agent block that carries the dataset
+    dataset: BenchmarkDatasetConfig
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "config_path": self.config_relpath,
-            "root": str(self.root),
-            "resources_servers": self.resources_servers,
-            "agents": self.agents,
-            "dataset_types": self.dataset_types,
-            "domain": self.domain,
-            "description": self.description,
-            "value": self.value,
-        }
+        data = super().to_json()
+        data["agent"] = data.pop("agent_name")
+        data["dataset"] = self.dataset.model_dump(mode="json", exclude_none=True)
+        return data
+
+
+class EnvironmentConfig(_Definition):
+    """One discovered environment (`environments/<name>/config.yaml`)."""
+
+    agents: list[str] = Field(default_factory=list)  # agent block ids
+    dataset_types: list[str] = Field(default_factory=list)
 
 
 def _benchmark_datasets(data: Mapping, where: str) -> list[tuple[str, BenchmarkDatasetConfig]]:
