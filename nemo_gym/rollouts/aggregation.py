@@ -22,7 +22,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 from pydantic import Field, field_validator
 
@@ -38,6 +38,7 @@ __all__ = [
     "STRIPPED_KEYS",
     "TooManyToAggregate",
     "stripped_for_aggregation",
+    "read_results_grouped",
     "read_results_by_agent",
     "aggregate_by_agent",
     "write_aggregate_metrics",
@@ -67,38 +68,44 @@ class TooManyToAggregate(Exception):
     """More rollouts than one `/aggregate_metrics` request should carry (it holds them all in memory, twice)."""
 
 
-def read_results_by_agent(
-    path: Path, default_agent: Optional[str] = None, *, max_rollouts: Optional[int] = None
+def read_results_grouped(
+    path: Path, group_of: Callable[[Mapping[str, Any]], Optional[str]], *, max_rollouts: Optional[int] = None
 ) -> dict[str, list[dict]]:
-    """The stripped results of a rollouts file, grouped by `agent_ref.name` (rows without one go to
-    `default_agent`, or are skipped), sorted by (task, rollout) index. More than `max_rollouts` rows raise
-    `TooManyToAggregate` as soon as the file shows it."""
+    """The stripped results of a rollouts file, grouped by `group_of(result)` (None: left out), each group sorted by
+    (task, rollout) index. More than `max_rollouts` grouped rows raise `TooManyToAggregate` as soon as the file
+    shows it."""
     groups: dict[str, list[dict]] = {}
     count = 0
-    for result in iter_jsonl_objects(path, on_bad=lambda: None):  # a torn line was reported by the collector
-        agent = _agent_of(result, default_agent)
-        if agent is not None:
+    for result in iter_jsonl_objects(path, on_bad=lambda: None):  # a torn line was reported by whoever wrote it
+        group = group_of(result)
+        if group is not None:
             count += 1
             if max_rollouts is not None and count > max_rollouts:
                 raise TooManyToAggregate(f"more than {max_rollouts} rollouts in {path}")
-            groups.setdefault(agent, []).append(stripped_for_aggregation(result))
+            groups.setdefault(group, []).append(stripped_for_aggregation(result))
     for rows in groups.values():
         rows.sort(key=lambda r: (r.get("_ng_task_index", 0), r.get("_ng_rollout_index", 0)))
     return groups
 
 
+def read_results_by_agent(
+    path: Path, default_agent: Optional[str] = None, *, max_rollouts: Optional[int] = None
+) -> dict[str, list[dict]]:
+    """`read_results_grouped` by `agent_ref.name` (rows without one go to `default_agent`, or are left out)."""
+    return read_results_grouped(path, lambda result: _agent_of(result, default_agent), max_rollouts=max_rollouts)
+
+
 async def aggregate_by_agent(
-    server_client: Any, groups: Mapping[str, list[dict]], *, route_owner: Optional[Mapping[str, str]] = None
+    server_client: Any, groups: Mapping[str, list[dict]]
 ) -> tuple[list[dict], list[str]]:
-    """POST each group to `/aggregate_metrics` of its agent (or of `route_owner[agent]`, e.g. its resources
-    server for reverify). Returns (entries, problems): one entry per agent that answered, one line per one that
-    did not."""
+    """POST each group to `/aggregate_metrics` of the server it is keyed by (an agent; a resources server for
+    reverify). Returns (entries, problems): one entry per server that answered, one line per one that did not."""
     from nemo_gym.http.client import get_response_json
 
     entries: list[dict] = []
     problems: list[str] = []
     for agent, rows in groups.items():
-        target = (route_owner or {}).get(agent, agent)
+        target = agent
         try:
             response = await server_client.post(target, "/aggregate_metrics", json={"verify_responses": rows})
             status = getattr(response, "status", None) or getattr(response, "status_code", 0)

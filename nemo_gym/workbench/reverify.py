@@ -727,19 +727,15 @@ async def check_reverify_modes(client: Any, servers: list[str], *, force: bool) 
 
 async def _aggregate(client: Any, routing: VerifierRouting, paths: CollectionPaths) -> None:
     """`<stem>_aggregate_metrics.json` from each resources server's `/aggregate_metrics` over the output's rows."""
-    from nemo_gym.rollouts.aggregation import (
-        aggregate_by_agent,
-        stripped_for_aggregation,
-        write_aggregate_metrics,
-    )
+    from nemo_gym.rollouts.aggregation import aggregate_by_agent, read_results_grouped, write_aggregate_metrics
 
-    groups: dict[str, list[dict]] = {}
-    for row in iter_jsonl_objects(paths.output, on_bad=lambda: None):
+    def server_of(row: dict) -> Optional[str]:
         try:
-            server = routing.server_for(row)
-        except Exception:
-            continue
-        groups.setdefault(server, []).append(stripped_for_aggregation(row))
+            return routing.server_for(row)
+        except Exception:  # a row the checking pass refused never reached the output; nothing to group
+            return None
+
+    groups = read_results_grouped(paths.output, server_of)
     if not groups:
         return
     entries, problems = await aggregate_by_agent(client, groups)
