@@ -1,6 +1,6 @@
 """Server-sent events in each API's official event sequence, from a finished answer or from deltas as they come.
 
-Two ways to stream (`nemo_gym/servers/stream_adapter.py` picks one per server and route):
+Two ways to stream (`nemo_gym/serving/stream_adapter.py` picks one per server and route):
 
 - **Buffered**: the whole answer is computed, then sent as the events a streaming backend would have sent
   (:func:`responses_events`, :func:`chat_completion_chunks`, :func:`messages_events`).

@@ -85,7 +85,7 @@ from nemo_gym.config.types import SERVER_TYPES
 from nemo_gym.config.values import config_get, is_mapping
 from nemo_gym.errors import did_you_mean
 from nemo_gym.http.lean_client import LeanClient
-from nemo_gym.http.sessions import replica_of_cookie
+from nemo_gym.serving.sessions import replica_of_cookie
 from nemo_gym.http.retry import (
     DEFAULT_BACKOFF_BASE,
     DEFAULT_BACKOFF_MAX,

@@ -2,7 +2,7 @@
 
 Why here: it is an HTTP call like `NeMoGymAsyncOpenAI`'s, over the process's shared transport and retry policy, with
 the same errors (`NeMoGymOpenAIError` for an error status, httpx's transport errors for a broken connection). The
-streaming pass-through of model servers (`servers/stream_adapter.py`) is its user.
+streaming pass-through of model servers (`serving/stream_adapter.py`) is its user.
 """
 
 from __future__ import annotations

@@ -436,7 +436,7 @@ class RunHelper:
         else:
             env.pop(NEMO_GYM_LISTEN_FD_ENV_VAR_NAME, None)
         if server.num_replicas > 1:
-            from nemo_gym.http.sessions import REPLICA_ENV_VAR_NAME
+            from nemo_gym.serving.sessions import REPLICA_ENV_VAR_NAME
 
             env[REPLICA_ENV_VAR_NAME] = str(server.replica)
         return env

@@ -21,7 +21,7 @@ from pydantic import ConfigDict
 from nemo_gym.config.types import ROLLOUT_PATH_PREFIX, AggregateMetrics, AggregateMetricsRequest
 from nemo_gym.rollouts.metrics import AggregateMetricsMixin
 from nemo_gym.servers.resources_server import BaseRunRequest, BaseVerifyResponse
-from nemo_gym.servers.endpoint_wrapping import wraps_endpoint
+from nemo_gym.serving.endpoint_wrapping import wraps_endpoint
 from nemo_gym.servers.rollout_context import (
     RolloutContextMiddleware,
     apply_rollout_prefix,

@@ -3,7 +3,7 @@
 `DialectsMixin` gives a server (every model server, and every agent server, whose `/v1/responses` runs a whole
 episode) `POST /v1/messages`: the Messages request is converted to Responses create params
 (`nemo_gym/api/anthropic_messages.py`), the server's own `responses` runs, and its Response is converted back;
-errors answer in Anthropic's shape. It also installs `StreamAdapter` (`servers/stream_adapter.py`), which serves
+errors answer in Anthropic's shape. It also installs `StreamAdapter` (`serving/stream_adapter.py`), which serves
 `"stream": true` on `/v1/responses`, `/v1/chat/completions` and `/v1/messages` as each API's events: passed through
 from the backend when the server defines the streaming hooks (`stream_responses`, `stream_chat_completions`),
 else buffered. So a harness written against either SDK can be pointed at a model server or at an agent alike.
@@ -26,7 +26,7 @@ from nemo_gym.api.anthropic_messages import (
     anthropic_error,
     response_to_message,
 )
-from nemo_gym.servers.stream_adapter import (
+from nemo_gym.serving.stream_adapter import (
     DROPPED_FIELDS_HEADER,
     StreamAdapter,
     error_message,
@@ -45,7 +45,7 @@ class DialectsMixin:
 
     def prepare_app(self, app: FastAPI) -> FastAPI:
         """Add `POST /v1/messages` (unless the server defines its own) and streaming on the three routes
-        (`servers/stream_adapter.py`), then the usual final steps. The stream adapter is the innermost middleware:
+        (`serving/stream_adapter.py`), then the usual final steps. The stream adapter is the innermost middleware:
         inside the session middleware, so a server's streaming hooks see the session (and its cookie is set on
         the stream)."""
         if not any(getattr(route, "path", None) == MESSAGES_PATH for route in app.router.routes):

@@ -10,7 +10,7 @@ into MCP tools once, at start-up:
   when the server's `mcp_tools(harvested, catchall)` hook asks for them with `catchall.tool(...)`.
 * `/seed_session` answers gain `mcp` (`MCPServerMetadata`): where the endpoint is and a signed session token
   (`X-NeMo-Gym-Session-Token`). The token carries the rollout's session id and its allowed tools
-  (`mcp_allowed_tools_for_session(seed_body)`), signed with this launch's session secret (`http/sessions.py`).
+  (`mcp_allowed_tools_for_session(seed_body)`), signed with this launch's session secret (`serving/sessions.py`).
 * A `tools/call` needs a valid token. The route's handler is called once, directly, with a `Request` whose
   session is `{"session_id": <the token's id>}`: the same per-rollout state the HTTP tool calls of that rollout
   see. Because the call skips the middleware, a server with middleware other than ours is refused at start-up
@@ -39,7 +39,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional
 from fastapi import FastAPI
 from fastapi.dependencies.utils import get_typed_signature
 from fastapi.encoders import jsonable_encoder
-from nemo_gym.servers.hot_routes import exception_handler_for
+from nemo_gym.serving.hot_routes import exception_handler_for
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -48,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from nemo_gym.http.sessions import SESSION_ID_KEY, decode_session_cookie, encode_session_cookie
+from nemo_gym.serving.sessions import SESSION_ID_KEY, decode_session_cookie, encode_session_cookie
 
 __all__ = [
     "MCPServerMetadata",
@@ -325,10 +325,10 @@ def _server_label(server: Any) -> str:
 
 
 def _gym_middleware() -> tuple[type, ...]:
-    from nemo_gym.http.sessions import SessionCookieMiddleware
-    from nemo_gym.servers.base import NeMoGymExceptionMiddleware
+    from nemo_gym.serving.sessions import SessionCookieMiddleware
+    from nemo_gym.serving.errors import NeMoGymExceptionMiddleware
     from nemo_gym.servers.rollout_context import RolloutContextMiddleware
-    from nemo_gym.servers.stream_adapter import StreamAdapter
+    from nemo_gym.serving.stream_adapter import StreamAdapter
 
     return (SessionCookieMiddleware, RolloutContextMiddleware, NeMoGymExceptionMiddleware, StreamAdapter)
 
@@ -513,7 +513,7 @@ class _Dispatcher:
     """Calls tools: checks the token, builds the Request, calls the handler once, maps the outcome."""
 
     def __init__(self, server: Any, app: FastAPI, tools: dict[str, MCPTool], allowed: Optional[list[str]]) -> None:
-        from nemo_gym.servers.base import NeMoGymExceptionMiddleware
+        from nemo_gym.serving.errors import NeMoGymExceptionMiddleware
 
         self.app = app
         self.tools = tools

@@ -14,7 +14,7 @@ dialect) and adds their summary to the rollout's result (`merge_model_call_captu
 agent's own observations (`ng_agent_observations`) with those calls on the way; it deletes the files of rows it is
 about to dispatch (`clear_capture`), so a rerun starts clean.
 
-Only prefixed requests are touched. Those are never hot routes (`servers/hot_routes.py`), so the middleware says
+Only prefixed requests are touched. Those are never hot routes (`serving/hot_routes.py`), so the middleware says
 `hot_routes_transparent` and unprefixed calls keep the fast path without passing through it. The model server does
 not make the rollout id current while it answers: a model server that forwards to another model server of the
 stack would otherwise have the same call captured twice.
@@ -41,7 +41,7 @@ from nemo_gym.rollouts.agent_observations import (
     AGENT_OBSERVATIONS_KEY,
     join_agent_observations,
 )
-from nemo_gym.servers.asgi_body import read_body, replay_body
+from nemo_gym.serving.body import read_body, replay_body
 from nemo_gym.servers.rollout_context import (
     OBSERVABILITY_ENABLED_KEY_NAME,
     ROLLOUT_PATH_PREFIX,
@@ -563,7 +563,7 @@ class ModelCallCaptureMiddleware:
     """Pure ASGI: `/ng-rollout/<id>/<rest>` is served as `/<rest>`; with a `store`, POSTs to the three dialect
     routes are captured under `<id>`. Everything else passes with one string check."""
 
-    # Only prefixed paths are touched, and those are never hot routes (servers/hot_routes.py).
+    # Only prefixed paths are touched, and those are never hot routes (serving/hot_routes.py).
     hot_routes_transparent = True
 
     def __init__(self, app: Any, model_ref: Optional[str] = None, store: Optional[CaptureStore] = None) -> None:

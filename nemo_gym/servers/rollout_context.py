@@ -180,7 +180,7 @@ class RolloutContextMiddleware:
     `strip_prefix=False` keeps the path as it came (agents route `/ng-rollout/{rollout_id}/v1/responses` themselves)
     and only makes the id current, so the calls the handler makes carry it too."""
 
-    # Only prefixed paths are touched, and those are never hot routes (servers/hot_routes.py).
+    # Only prefixed paths are touched, and those are never hot routes (serving/hot_routes.py).
     hot_routes_transparent = True
 
     def __init__(self, app: Any, strip_prefix: bool = True) -> None:

@@ -19,7 +19,7 @@ import orjson
 from pydantic import BaseModel
 
 from nemo_gym.http.client import raise_for_status
-from nemo_gym.servers.endpoint_wrapping import wraps_endpoint
+from nemo_gym.serving.endpoint_wrapping import wraps_endpoint
 from nemo_gym.rollouts.failure_routing import (
     JUDGE_FAILED_CLASS,
     NG_FAILURE_CLASS_KEY,

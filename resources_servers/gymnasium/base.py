@@ -37,7 +37,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from nemo_gym.api.schemas import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
-from nemo_gym.http.sessions import SESSION_ID_KEY
+from nemo_gym.serving.sessions import SESSION_ID_KEY
 from nemo_gym.servers.resources_server import SimpleResourcesServer
 from nemo_gym.servers.rollout_context import RolloutContextMiddleware
 

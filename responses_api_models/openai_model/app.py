@@ -5,7 +5,7 @@ upstream answer is returned as it came. Upstream errors come back with the upstr
 5xx are retried with backoff by the client (bounded).
 
 Streaming (`"stream": true`) is passed through: the upstream is called with `stream: true` and its server-sent
-events (Responses events, chat chunks) go to the client as they come (`servers/stream_adapter.py`; `/v1/messages`
+events (Responses events, chat chunks) go to the client as they come (`serving/stream_adapter.py`; `/v1/messages`
 gets them as Messages events).
 """
 
@@ -29,7 +29,7 @@ from nemo_gym.openai_utils import (
     NeMoGymResponseCreateParamsNonStreaming,
 )
 from nemo_gym.http.sse_client import upstream_sse
-from nemo_gym.servers.stream_adapter import StreamRefused
+from nemo_gym.serving.stream_adapter import StreamRefused
 
 
 class SimpleModelServerConfig(BaseResponsesAPIModelConfig):
@@ -78,7 +78,7 @@ class SimpleModelServer(SimpleResponsesAPIModel):
     async def chat_completions(self, body: NeMoGymChatCompletionCreateParamsNonStreaming = Body()) -> Response:
         return await self._forward(self.client.create_chat_completion, self._params(body))
 
-    # -- streaming: the upstream's events passed through (servers/stream_adapter.py calls these) ------------
+    # -- streaming: the upstream's events passed through (serving/stream_adapter.py calls these) ------------
 
     async def stream_responses(
         self, body: NeMoGymResponseCreateParamsNonStreaming, request: Request

@@ -68,7 +68,7 @@ from nemo_gym.openai_utils import (
 )
 from nemo_gym.server_utils import SESSION_ID_KEY
 from nemo_gym.http.sse_client import upstream_sse
-from nemo_gym.servers.stream_adapter import StreamRefused
+from nemo_gym.serving.stream_adapter import StreamRefused
 
 LOG = logging.getLogger("nemo_gym.vllm_model")
 
@@ -288,7 +288,7 @@ class VLLMModel(SimpleResponsesAPIModel):
         except (NeMoGymOpenAIError, ChatConversionError, httpx.TransportError) as exc:
             return _error_response(exc)
 
-    # -- streaming (`"stream": true`; servers/stream_adapter.py calls these) ----------------------------------
+    # -- streaming (`"stream": true`; serving/stream_adapter.py calls these) ----------------------------------
 
     async def stream_responses(
         self, body: NeMoGymResponseCreateParamsNonStreaming, request: Request

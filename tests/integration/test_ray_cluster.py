@@ -156,7 +156,7 @@ def test_the_client_spreads_sessions_over_actor_replicas_and_keeps_each_on_its_r
     import asyncio
 
     from nemo_gym.http.client import ServerClient
-    from nemo_gym.http.sessions import replica_of_cookie
+    from nemo_gym.serving.sessions import replica_of_cookie
 
     _, head_port, _, _ = stack
 

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict
 
 from nemo_gym.http.client import ServerClient
 from nemo_gym.servers.base import SimpleServer, serving_app
-from nemo_gym.servers.hot_routes import HotRoutes
-from nemo_gym.servers.http_protocol import NeMoGymHttpProtocol
+from nemo_gym.serving.hot_routes import HotRoutes
+from nemo_gym.serving.protocol import NeMoGymHttpProtocol
 from nemo_gym.testing.live_server import live_server as shared_live_server
 from tests.unit.test_server_utils import live_server, make_config
 
@@ -155,8 +155,8 @@ def test_foreign_middleware_or_handlers_turn_the_fast_path_off():
 
 
 def _own_middleware():
-    from nemo_gym.http.sessions import SessionCookieMiddleware
-    from nemo_gym.servers.base import NeMoGymExceptionMiddleware
+    from nemo_gym.serving.sessions import SessionCookieMiddleware
+    from nemo_gym.serving.errors import NeMoGymExceptionMiddleware
 
     return (SessionCookieMiddleware, NeMoGymExceptionMiddleware)
 

@@ -15,8 +15,8 @@ from pydantic import BaseModel
 
 from nemo_gym.http.client import ServerClient
 from nemo_gym.servers.base import SimpleServer, serving_app
-from nemo_gym.servers.hot_routes import HotRoutes
-from nemo_gym.servers.http_protocol import (
+from nemo_gym.serving.hot_routes import HotRoutes
+from nemo_gym.serving.protocol import (
     FLUSH_AT_BYTES,
     CoalescingHttpToolsProtocol,
     NeMoGymHttpProtocol,

@@ -273,7 +273,7 @@ def test_a_client_that_hangs_up_cancels_the_backend_call(path, body):
 
 
 def test_error_messages_are_read_from_every_error_shape():
-    from nemo_gym.servers.stream_adapter import error_message, json_or_text, openai_error_body
+    from nemo_gym.serving.stream_adapter import error_message, json_or_text, openai_error_body
 
     assert error_message({"error": {"message": "quota", "type": "x"}}) == "quota"
     assert error_message({"detail": "not found"}) == "not found"

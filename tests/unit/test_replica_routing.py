@@ -22,7 +22,7 @@ from nemo_gym.config import ports
 from nemo_gym.config.global_config import parse_global_config
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.http.client import Replicas, ServerClient
-from nemo_gym.http.sessions import (
+from nemo_gym.serving.sessions import (
     REPLICA_KEY,
     SESSION_ID_KEY,
     SessionCookieMiddleware,

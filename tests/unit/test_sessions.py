@@ -11,8 +11,8 @@ import orjson
 import pytest
 from fastapi import FastAPI, Request
 
-from nemo_gym.http import sessions
-from nemo_gym.http.sessions import (
+from nemo_gym.serving import sessions
+from nemo_gym.serving.sessions import (
     SESSION_ID_KEY,
     SESSION_SECRET_ENV_VAR_NAME,
     SessionCookieMiddleware,
@@ -289,7 +289,7 @@ async def test_unserializable_session_value_raises_before_the_response_starts():
 def test_new_session_ids_are_random_version_4_uuids_in_hex():
     import uuid
 
-    from nemo_gym.http.sessions import new_session_id
+    from nemo_gym.serving.sessions import new_session_id
 
     ids = [new_session_id() for _ in range(2000)]
     assert len(set(ids)) == len(ids)

@@ -44,7 +44,7 @@ from nemo_gym.api.streaming import (
     responses_events,
 )
 from nemo_gym.http.sse_client import upstream_sse  # re-exported: model servers have imported it from here
-from nemo_gym.servers.asgi_body import read_body, replay_body
+from nemo_gym.serving.body import read_body, replay_body
 
 __all__ = [
     "StreamAdapter",

@@ -119,7 +119,7 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        from nemo_gym.servers.hot_routes import HotRoutes
+        from nemo_gym.serving.hot_routes import HotRoutes
 
         app = self.app
         direct = (

@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from nemo_gym.servers.asgi_body import read_body, replay_body
+from nemo_gym.serving.body import read_body, replay_body
 
 __all__ = ["HotRoutes", "exception_handler_for"]
 
@@ -254,7 +254,7 @@ class HotRoutes:
                 response = await response
             return response
 
-    # -- the direct path: a whole request in hand, answered in one call (servers/http_protocol.py) -----------
+    # -- the direct path: a whole request in hand, answered in one call (serving/protocol.py) -----------
 
     def route_for(self, raw_path: bytes) -> Optional[_HotRoute]:
         """The hot route a request target names exactly (no query, no escapes), when the direct path may serve it."""
