@@ -55,6 +55,12 @@ class InheritPathNotFoundError(NeMoGymConfigError):
     a key the config does not have."""
 
 
+class NestedKeyTypoError(NeMoGymConfigError):
+    """A key inside a server block or a framework section (`head_server`, `restart_policy`) that is most likely a
+    misspelling of one of its fields (`verifed` for `verified`), from a config file or the command line
+    (`nemo_gym.config.block_keys`)."""
+
+
 CONFIG_ERROR_SUBCLASSES = (
     ConfigPathNotFoundError,
     MalformedConfigPathsError,

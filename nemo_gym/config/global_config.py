@@ -258,16 +258,35 @@ class DuplicateKeyError(yaml.YAMLError):
         self.key, self.first_line, self.second_line = key, first_line, second_line
 
 
+# YAML 1.2-style floats, as OmegaConf.load reads them: `1e-3` and `1E5` are floats (YAML 1.1, PyYAML's default,
+# wants a dot and a signed exponent and reads them as strings).
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"  # dates stay strings, as OmegaConf reads them
+_YAML12_FLOAT = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+
+
 @functools.lru_cache(maxsize=1)
 def _yaml_loader():
-    """OmegaConf's own loader (YAML 1.2-style floats such as `1e-3`), so files read the same as with
-    OmegaConf.load, refusing duplicate keys in any mapping; PyYAML's safe loader if that private API moved."""
-    try:
-        from omegaconf._utils import get_yaml_loader
+    """PyYAML's safe loader reading floats and dates as OmegaConf does (above), so files read the same as with
+    OmegaConf.load, and refusing duplicate keys in any mapping."""
 
-        base = get_yaml_loader()
-    except Exception:  # pragma: no cover - private API moved
-        base = yaml.SafeLoader
+    class Base(yaml.SafeLoader):
+        pass
+
+    Base.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_FLOAT_TAG, _TIMESTAMP_TAG)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    Base.add_implicit_resolver(_FLOAT_TAG, _YAML12_FLOAT, list("-+0123456789."))
+    base = Base
 
     class Loader(base):  # type: ignore[misc, valid-type]
         def construct_mapping(self, node, deep=False):

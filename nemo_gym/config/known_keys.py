@@ -8,9 +8,11 @@ collect one rollout per task. A command now refuses a top-level key unless it is
 - a top-level key of the config files, env.yaml or the command's initial config (server blocks, your own keys);
 - a key that a `${...}` interpolation of the merged config refers to (`${policy_base_url}`).
 
-Nested keys under a known top-level key are not checked (server blocks validate themselves). `++key=value` is the
-explicit way to add a key nemo_gym does not know, so it is never refused; `~key` deletes and fails on its own when
-the key is absent; `+h` / `+help` always work.
+Keys one level down are checked by `nemo_gym.config.block_keys` once the top level is fine: a misspelled field of
+a server block (in a config file or on the command line) or of `head_server` / `restart_policy` is refused with a
+did-you-mean; other nested keys are free. `++key=value` (at any depth) is the explicit way to add a key nemo_gym
+does not know, so it is never refused; `~key` deletes and fails on its own when the key is absent; `+h` / `+help`
+always work.
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ class GlobalKeys(BaseNeMoGymCLIConfig):
     ray_num_cpus: Optional[int] = Field(default=None, description="CPUs of a Ray cluster started here.")
     ray_num_gpus: Optional[int] = Field(default=None, description="GPUs of a Ray cluster started here.")
     dry_run: bool = Field(default=False, description="Build the server environments, start nothing, exit.")
+    stop_stale_stack: bool = Field(
+        default=False, description="ng_run: stop a stack left behind by a dead ng_run that holds this stack's ports."
+    )
     ready_timeout_s: float = Field(default=600.0, gt=0, description="How long to wait for every server's /health.")
     restart_policy: RestartPolicy = Field(
         default_factory=RestartPolicy,
@@ -115,6 +120,11 @@ class GlobalKeys(BaseNeMoGymCLIConfig):
         default=1024, description="Connections of the HTTP client per host."
     )
     global_aiohttp_client_request_debug: bool = Field(default=False, description="Log every HTTP client request.")
+    max_request_body_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        description="The largest request body a server reads; larger ones are answered 413 (a server block may "
+        "set its own).",
+    )
     observability_enabled: bool = Field(
         default=False,
         description="Calls made for a rollout carry /ng-rollout/<rollout id> in their path, and model servers write "
@@ -206,6 +216,7 @@ def check_known_keys(
         known |= _config_file_keys(global_config, Path(cwd) if cwd is not None else Path.cwd())
         unknown = _unknown(unknown, known)
     if not unknown:
+        _check_nested(overrides, command_name, global_config, cwd)
         return
     candidates = sorted(known - set(HELP_KEYS))
     problems = []
@@ -225,3 +236,11 @@ def check_known_keys(
         f"{head}`{command_name} +h=true` lists the parameters. To pass a key nemo_gym does not know, write it "
         f"with ++ (e.g. `++{unknown[0].key}=...`)."
     )
+
+
+def _check_nested(overrides: list[Override], command_name: str, global_config: Any, cwd: Optional[Path]) -> None:
+    """The keys one level down: server blocks (config files and command line) against their server's config class,
+    `head_server` / `restart_policy` against their models (`nemo_gym.config.block_keys`)."""
+    from nemo_gym.config.block_keys import check_nested_keys
+
+    check_nested_keys(global_config, overrides, command_name=command_name, cwd=cwd)

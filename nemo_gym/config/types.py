@@ -292,6 +292,9 @@ class BaseRunServerConfig(BaseServerConfig):
     ray_actor_options: Optional[dict[str, Any]] = None
     scheduling_strategy: Optional[Literal["SPREAD", "DEFAULT"]] = None
     max_restarts: Optional[int] = Field(default=None, ge=-1)
+    # The largest request body this server reads (bytes); larger ones are answered 413 before they are buffered
+    # (nemo_gym/serving/private_api.py). None: the global `max_request_body_bytes`, else 32 MiB.
+    max_request_body_bytes: Optional[int] = Field(default=None, ge=1)
 
 
 class BaseRunServerInstanceConfig(BaseRunServerConfig):

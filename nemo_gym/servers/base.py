@@ -295,6 +295,7 @@ class SimpleServer(BaseServer):
             server_cls=type(self),
             global_config_dict=global_config_dict,
             show_200_ok=show_200_ok,
+            max_request_body_bytes=getattr(self.config, "max_request_body_bytes", None),
         )
 
 

@@ -26,12 +26,16 @@ from nemo_gym.api.anthropic_messages import (
     anthropic_error,
     response_to_message,
 )
+from nemo_gym.serving.private_api import request_with_body
 from nemo_gym.serving.stream_adapter import (
     DROPPED_FIELDS_HEADER,
     StreamAdapter,
     error_message,
     json_or_text,
+    lenient_json,
     messages_to_responses_request,
+    non_finite_fields,
+    non_finite_message,
     report_dropped_fields,
 )
 
@@ -51,7 +55,8 @@ class DialectsMixin:
         if not any(getattr(route, "path", None) == MESSAGES_PATH for route in app.router.routes):
             app.post(MESSAGES_PATH, include_in_schema=True)(self.messages)
         if not any(middleware.cls is StreamAdapter for middleware in app.user_middleware):
-            app.user_middleware.append(Middleware(StreamAdapter, server=self))
+            # One set for every adapter made from these arguments: which hooks' backends answer streams whole.
+            app.user_middleware.append(Middleware(StreamAdapter, server=self, answers_whole=set()))
         return super().prepare_app(app)
 
     async def messages(self, request: Request) -> Response:
@@ -60,6 +65,9 @@ class DialectsMixin:
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError as exc:
+            fields = non_finite_fields(lenient_json(await request.body()))  # NaN / Infinity literals
+            if fields:
+                return _anthropic_error_response(400, non_finite_message(fields))
             return _anthropic_error_response(400, f"the request body is not JSON: {exc}")
         try:
             params, validated, dropped = messages_to_responses_request(body)
@@ -102,9 +110,7 @@ class DialectsMixin:
 def _request_with_body(request: Request, params: dict) -> Request:
     """The request as the server's `responses` should see it: the same connection, with the converted Responses
     params as its body (handlers that read the raw body, like simple_agent's, get the Responses request)."""
-    converted = Request(request.scope, request.receive)
-    converted._body = orjson.dumps(params)  # what Request.body() caches
-    return converted
+    return request_with_body(request.scope, request.receive, orjson.dumps(params))
 
 
 def _anthropic_error_response(status: int, message: str) -> Response:

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional
 
 from fastapi import FastAPI
-from fastapi.dependencies.utils import get_typed_signature
 from fastapi.encoders import jsonable_encoder
 from nemo_gym.serving.hot_routes import exception_handler_for
 from fastapi.exceptions import RequestValidationError
@@ -48,6 +47,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
+from nemo_gym.serving.private_api import route_shape, typed_signature
 from nemo_gym.serving.sessions import SESSION_ID_KEY, decode_session_cookie, encode_session_cookie
 
 __all__ = [
@@ -190,48 +190,39 @@ class CatchAllRoute:
 def _direct_call(route: APIRoute, *, catch_all: bool = False) -> tuple[Optional[_DirectCall], list[str]]:
     """How to call `route`'s handler directly, from FastAPI's own reading of its signature; or None and the
     reasons it cannot be (what a direct call would skip or could not fill in)."""
-    dependant = route.dependant
+    shape = route_shape(route)
     problems: list[str] = []
     injected = [
-        *(f"dependency {getattr(d.call, '__name__', d.call)!r}" for d in dependant.dependencies),
-        *(f"header parameter {p.name!r}" for p in dependant.header_params),
-        *(f"cookie parameter {p.name!r}" for p in dependant.cookie_params),
+        *(f"dependency {name!r}" for name in shape.dependencies),
+        *(f"header parameter {p.name!r}" for p in shape.header_params),
+        *(f"cookie parameter {p.name!r}" for p in shape.cookie_params),
+        *(f"{kind} parameter {name!r}" for kind, name in shape.injected.items() if kind != "Request"),
     ]
-    for attribute, what in (
-        ("http_connection_param_name", "HTTPConnection"),
-        ("websocket_param_name", "WebSocket"),
-        ("response_param_name", "Response"),
-        ("background_tasks_param_name", "BackgroundTasks"),
-        ("security_scopes_param_name", "SecurityScopes"),
-    ):
-        if getattr(dependant, attribute, None):
-            injected.append(f"{what} parameter {getattr(dependant, attribute)!r}")
     if injected:
         problems.append("it uses FastAPI dependency injection (" + ", ".join(injected) + ")")
-    for param in dependant.query_params:
-        kind = "defaulted query parameter" if not param.field_info.is_required() else "query parameter"
+    for param in shape.query_params:
+        kind = "defaulted query parameter" if not param.required else "query parameter"
         problems.append(f"it takes the {kind} {param.name!r}, which an MCP call has no way to set")
 
     path_param_name = None
     if catch_all:
-        for param in dependant.path_params:
-            if param.field_info.annotation is not str:
+        for param in shape.path_params:
+            if param.annotation is not str:
                 problems.append(f"its path parameter {param.name!r} is not a `str` (the tool name is a string)")
             path_param_name = param.name
-    elif dependant.path_params:
+    elif shape.path_params:
         problems.append("its path has parameters")
 
     body_name = body_type = None
-    if len(dependant.body_params) > 1:
-        names = ", ".join(repr(p.name) for p in dependant.body_params)
+    if len(shape.body_params) > 1:
+        names = ", ".join(repr(p.name) for p in shape.body_params)
         problems.append(f"it takes several body parameters ({names}); take one pydantic model")
-    elif dependant.body_params:
-        param = dependant.body_params[0]
-        info = param.field_info
-        annotation = info.annotation
-        if getattr(info, "embed", False):
+    elif shape.body_params:
+        param = shape.body_params[0]
+        annotation = param.annotation
+        if param.embed:
             problems.append(f"its body parameter {param.name!r} is embedded (Body(embed=True))")
-        elif not info.is_required() or _allows_none(annotation):
+        elif not param.required or _allows_none(annotation):
             problems.append(f"its body parameter {param.name!r} is optional; make it a required model")
         elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
             body_name, body_type = param.name, annotation
@@ -241,13 +232,13 @@ def _direct_call(route: APIRoute, *, catch_all: bool = False) -> tuple[Optional[
             problems.append(f"its body parameter {param.name!r} is a {annotation!r}, not a pydantic model or dict")
     if problems:
         return None, problems
-    endpoint = dependant.call
+    endpoint = shape.endpoint
     return (
         _DirectCall(
             endpoint=endpoint,
             body_name=body_name,
             body_type=body_type,
-            request_name=dependant.request_param_name,
+            request_name=shape.request_param_name,
             path_param_name=path_param_name,
             response_model=route.response_model,
             is_async=_is_async(endpoint),
@@ -310,8 +301,8 @@ def harvest_tools(app: FastAPI, server: Any = None) -> tuple[list[MCPTool], Opti
 
 
 def _declared_body_type(route: APIRoute) -> Any:
-    params = route.dependant.body_params
-    return params[0].field_info.annotation if len(params) == 1 else None
+    params = route_shape(route).body_params
+    return params[0].annotation if len(params) == 1 else None
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -672,7 +663,8 @@ def _rewrap(app: FastAPI, index: int, route: APIRoute, make: Callable, response_
     """Replace `route` (at `index`) by one whose endpoint is `make(call_original, request_name)`, taking the same
     parameters as the original (plus a Request when it has none), so FastAPI validates and injects exactly as
     before."""
-    signature = get_typed_signature(route.dependant.call)
+    original = route_shape(route).endpoint
+    signature = typed_signature(original)
     params = list(signature.parameters.values())
     request_name = next((p.name for p in params if p.annotation is Request), None)
     added = request_name is None
@@ -681,7 +673,6 @@ def _rewrap(app: FastAPI, index: int, route: APIRoute, make: Callable, response_
         extra = inspect.Parameter(request_name, inspect.Parameter.KEYWORD_ONLY, annotation=Request)
         cut = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
         params.insert(cut, extra)
-    original = route.dependant.call
     is_async = _is_async(original)
 
     async def call_original(kwargs: dict) -> Any:
@@ -801,7 +792,7 @@ def _wrap_verify(server: Any, app: FastAPI) -> None:
     if found is None:
         return
     index, route = found
-    body_params = route.dependant.body_params
+    body_params = route_shape(route).body_params
     body_name = body_params[0].name if len(body_params) == 1 else None
     hook = getattr(server, "normalize_tool_name", None)
     server_name = getattr(getattr(server, "config", None), "name", None)

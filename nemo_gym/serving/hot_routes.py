@@ -22,7 +22,6 @@ import inspect
 from typing import Any, Callable, Optional
 
 from fastapi import FastAPI
-from fastapi.datastructures import DefaultPlaceholder
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import (
     http_exception_handler,
@@ -40,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from nemo_gym.serving.body import read_body, replay_body
+from nemo_gym.serving.private_api import request_with_body, route_shape
 
 __all__ = ["HotRoutes", "exception_handler_for"]
 
@@ -54,9 +54,11 @@ class _HotRoute:
 
     __slots__ = ("route", "endpoint", "body_name", "validate", "request_name", "status", "serialize")
 
-    def __init__(self, route: APIRoute, body_name: Optional[str], body_type: Any, request_name: Optional[str]):
+    def __init__(
+        self, route: APIRoute, endpoint: Any, body_name: Optional[str], body_type: Any, request_name: Optional[str]
+    ):
         self.route = route
-        self.endpoint = route.dependant.call
+        self.endpoint = endpoint
         self.body_name = body_name
         self.validate: Optional[Callable[[bytes], Any]] = None
         if body_name is not None:
@@ -99,32 +101,27 @@ def _hot_route(route: Any) -> Optional[_HotRoute]:
         return None
     if "{" in route.path_format:
         return None
-    if not isinstance(route.response_class, DefaultPlaceholder):
+    shape = route_shape(route)
+    if not shape.default_response_class:
         return None
-    endpoint = route.dependant.call
+    endpoint = shape.endpoint
     if not inspect.iscoroutinefunction(endpoint) or inspect.isasyncgenfunction(endpoint):
         return None
-    dependant = route.dependant
-    if any(
-        getattr(dependant, name, None)
-        for name in (
-            "path_params", "query_params", "header_params", "cookie_params", "dependencies",
-            "websocket_param_name", "http_connection_param_name", "response_param_name",
-            "background_tasks_param_name", "security_scopes_param_name",
-        )
+    if (
+        shape.path_params or shape.query_params or shape.header_params or shape.cookie_params or shape.dependencies
+        or set(shape.injected) - {"Request"}
     ):
         return None
-    body_params = list(dependant.body_params)
+    body_params = shape.body_params
     if len(body_params) > 1:
         return None
     body_name = body_type = None
     if body_params:
-        field = body_params[0]
-        info = field.field_info
-        if getattr(info, "embed", False) or getattr(info, "media_type", "application/json") != "application/json":
+        param = body_params[0]
+        if param.embed or param.media_type != "application/json":
             return None
-        body_name, body_type = field.name, info.annotation
-    return _HotRoute(route, body_name, body_type, dependant.request_param_name)
+        body_name, body_type = param.name, param.annotation
+    return _HotRoute(route, endpoint, body_name, body_type, shape.request_param_name)
 
 
 def _app_is_plain(app: FastAPI, own_middleware: tuple[type, ...]) -> bool:
@@ -238,8 +235,7 @@ class HotRoutes:
         if hot.body_name is not None:
             kwargs[hot.body_name] = scope[_VALUE_KEY]
         if hot.request_name is not None:
-            request = Request(scope, receive)
-            request._body = scope[_BODY_KEY]  # what Request.body() caches: no second read of the stream
+            request = request_with_body(scope, receive, scope[_BODY_KEY])  # no second read of the stream
             kwargs[hot.request_name] = request
         try:
             return await hot.endpoint(**kwargs)
@@ -254,7 +250,7 @@ class HotRoutes:
                 response = await response
             return response
 
-    # -- the direct path: a whole request in hand, answered in one call (serving/protocol.py) -----------
+    # -- the direct path: a whole request in hand, answered in one call (serving/private_api.py) -----------
 
     def route_for(self, raw_path: bytes) -> Optional[_HotRoute]:
         """The hot route a request target names exactly (no query, no escapes), when the direct path may serve it."""

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -16,7 +17,7 @@ from fastapi import FastAPI
 
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.serving.errors import NeMoGymExceptionMiddleware, eprint
-from nemo_gym.serving.hot_routes import HotRoutes
+from nemo_gym.serving.body import BodyLimit
 from nemo_gym.serving.logs import ACCESS_LOGGER_NAME, install_access_log_filter
 from nemo_gym.serving.sessions import SessionCookieMiddleware, export_session_secret_to_env
 from nemo_gym.serving.workers import WORKER_APP_FACTORY, export_worker_env
@@ -30,7 +31,14 @@ __all__ = [
     "DEFAULT_OPEN_FILES_SOFT_LIMIT",
     "HOT_ROUTES_ENV_VAR_NAME",
     "UVICORN_TIMEOUT_WORKER_HEALTHCHECK_KEY_NAME",
+    "MAX_REQUEST_BODY_BYTES_KEY_NAME",
+    "DEFAULT_MAX_REQUEST_BODY_BYTES",
 ]
+
+MAX_REQUEST_BODY_BYTES_KEY_NAME = "max_request_body_bytes"
+# Larger than any rollout we have seen (a long multi-turn trajectory with token ids and log probs is a few MB), small
+# enough that a stray upload cannot take a server's memory.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
 
 UVICORN_TIMEOUT_WORKER_HEALTHCHECK_KEY_NAME = "uvicorn_timeout_worker_healthcheck"
 DEFAULT_OPEN_FILES_SOFT_LIMIT = 65535
@@ -73,15 +81,19 @@ def serve(
     server_cls: Optional[type] = None,
     global_config_dict: Any = None,
     show_200_ok: bool = False,
+    max_request_body_bytes: Optional[int] = None,
 ) -> None:
     """Run uvicorn (uvloop + httptools) on `app` until SIGINT/SIGTERM; returns normally after a graceful stop.
     With `num_workers > 1` uvicorn's supervisor runs that many worker processes, each building the app from
-    `server_cls`."""
+    `server_cls`. Request bodies over `max_request_body_bytes` (else the global key of that name, else 32 MiB)
+    are answered 413 before they are read into memory."""
     import uvicorn
 
     from nemo_gym.config.global_config import NEMO_GYM_LISTEN_FD_ENV_VAR_NAME
 
     sock = _socket_from_env(NEMO_GYM_LISTEN_FD_ENV_VAR_NAME)
+    max_body = max_request_body_bytes or _global_int(global_config_dict, MAX_REQUEST_BODY_BYTES_KEY_NAME)
+    max_body = max_body or DEFAULT_MAX_REQUEST_BODY_BYTES
     healthcheck_timeout = 30
     if global_config_dict is not None:
         try:
@@ -92,7 +104,7 @@ def serve(
         host=host,
         port=int(port),
         loop=_loop_choice(),
-        http=_http_choice(),
+        http=_http_choice(max_body),
         # Cancel in-flight requests quickly on shutdown instead of waiting for long rollouts.
         timeout_graceful_shutdown=0.5,
         # Longer than the client's idle keep-alive, so the server never closes a connection the client is
@@ -106,7 +118,7 @@ def serve(
     )
 
     if num_workers <= 1:
-        config = uvicorn.Config(serving_app(app), **common)  # configures logging
+        config = uvicorn.Config(serving_app(app, max_body), **common)  # configures logging
         install_access_log_filter(show_200_ok)
         if not show_200_ok:
             _access_log_by_middleware()
@@ -117,8 +129,7 @@ def serve(
             server.run(sockets=[sock] if sock is not None else None)
         return
 
-    from uvicorn.config import STARTUP_FAILURE
-    from uvicorn.supervisors import Multiprocess
+    from nemo_gym.serving.private_api import STARTUP_FAILURE, Multiprocess
 
     if server_cls is None:
         raise ValueError("serve(num_workers > 1) needs server_cls: the workers build the app from it")
@@ -145,18 +156,43 @@ def in_flight() -> Optional[int]:
     """Requests this process is answering besides the caller's own (None when not serving single-worker uvicorn)."""
     if not _serving:
         return None
-    return max(0, len(_serving[-1].server_state.tasks) - 1)
+    from nemo_gym.serving.private_api import requests_in_flight
+
+    return max(0, requests_in_flight(_serving[-1]) - 1)
 
 
 def _fast_serving() -> bool:
-    return os.environ.get(HOT_ROUTES_ENV_VAR_NAME, "1").strip().lower() not in ("0", "false", "no", "off")
+    if os.environ.get(HOT_ROUTES_ENV_VAR_NAME, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return _private_api_works()
 
 
-def serving_app(app: FastAPI) -> Any:
+@functools.lru_cache(maxsize=1)
+def _private_api_works() -> bool:
+    """Whether the installed uvicorn / FastAPI / starlette still have what the fast path uses; if not, serving goes
+    through their public API (slower, same answers) and the reason is printed once."""
+    try:
+        from nemo_gym.serving.private_api import check_compatibility
+
+        problems = check_compatibility()
+    except ImportError as exc:
+        problems = [str(exc)]
+    if problems:
+        eprint(
+            "nemo_gym: serving through plain uvicorn and FastAPI (slower, same answers): the installed versions lack "
+            "what the fast path uses (nemo_gym/serving/private_api.py): " + "; ".join(problems)
+        )
+    return not problems
+
+
+def serving_app(app: FastAPI, max_body: Optional[int] = None) -> Any:
     """The ASGI app uvicorn runs for `app`: its plain POST routes answered by `HotRoutes` (set
-    `NEMO_GYM_HOT_ROUTES=0` to serve everything through FastAPI and uvicorn's own protocol, e.g. to compare)."""
+    `NEMO_GYM_HOT_ROUTES=0` to serve everything through FastAPI and uvicorn's own protocol, e.g. to compare).
+    Without our protocol, which holds bodies to `max_body` itself, `BodyLimit` does."""
     if not _fast_serving():
-        return app
+        return app if max_body is None else BodyLimit(app, max_body)
+    from nemo_gym.serving.hot_routes import HotRoutes
+
     return HotRoutes(app, own_middleware=(SessionCookieMiddleware, NeMoGymExceptionMiddleware))
 
 
@@ -188,9 +224,22 @@ def _loop_choice() -> str:
         return "asyncio"
 
 
-def _http_choice() -> Any:
+def _global_int(global_config_dict: Any, key: str) -> Optional[int]:
+    value = global_config_dict.get(key) if global_config_dict is not None else None
+    if value in (None, ""):
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise NeMoGymConfigError(f"`{key}` must be a whole number of bytes, got {value!r}.") from None
+    if number < 1:
+        raise NeMoGymConfigError(f"`{key}` must be at least 1, got {number}.")
+    return number
+
+
+def _http_choice(max_body: Optional[int] = None) -> Any:
     """uvicorn's httptools protocol with one write per response and a direct path for hot routes
-    (`serving/protocol.py`); plain httptools with
+    (`serving/private_api.py`); plain httptools with
     `NEMO_GYM_HOT_ROUTES=0`; h11 without httptools."""
     try:
         import httptools  # noqa: F401
@@ -198,9 +247,9 @@ def _http_choice() -> Any:
         return "h11"
     if not _fast_serving():
         return "httptools"
-    from nemo_gym.serving.protocol import NeMoGymHttpProtocol
+    from nemo_gym.serving.private_api import protocol_with_body_limit
 
-    return NeMoGymHttpProtocol
+    return protocol_with_body_limit(max_body)
 
 
 def _socket_from_env(env_name: str) -> Optional[socket.socket]:

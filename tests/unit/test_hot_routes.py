@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from nemo_gym.http.client import ServerClient
 from nemo_gym.servers.base import SimpleServer, serving_app
 from nemo_gym.serving.hot_routes import HotRoutes
-from nemo_gym.serving.protocol import NeMoGymHttpProtocol
+from nemo_gym.serving.private_api import NeMoGymHttpProtocol
 from nemo_gym.testing.live_server import live_server as shared_live_server
 from tests.unit.test_server_utils import live_server, make_config
 

@@ -288,6 +288,9 @@ def validate_config(args: list[str], cwd: Optional[Path] = None, command_name: s
     placeholders = [POLICY_MODEL_KEY] if report.placeholder_policy_model else []
     report.server_ids, problems = server_problems(cfg, cwd, placeholders)
     report.problems.extend(problems)
+    from nemo_gym.config.block_keys import nested_key_errors  # misspelled keys inside server blocks
+
+    report.problems.extend(nested_key_errors(cfg, overrides, command_name=command_name, cwd=cwd, cli_sections=False))
     return report
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from nemo_gym.http.client import ServerClient
 from nemo_gym.servers.base import SimpleServer, serving_app
 from nemo_gym.serving.hot_routes import HotRoutes
-from nemo_gym.serving.protocol import (
+from nemo_gym.serving.private_api import (
     FLUSH_AT_BYTES,
     CoalescingHttpToolsProtocol,
     NeMoGymHttpProtocol,

@@ -1,4 +1,28 @@
-"""uvicorn's httptools protocol, made cheaper for the many small JSON requests between a stack's servers.
+"""The one module that uses names uvicorn, FastAPI and starlette do not promise to keep.
+
+Everything else in nemo_gym uses those libraries' public API only. What is here, and why:
+
+- **uvicorn's httptools protocol, made cheaper** (`CoalescingHttpToolsProtocol`, `NeMoGymHttpProtocol`): a
+  subclass of `uvicorn.protocols.http.httptools_impl.HttpToolsProtocol` that overrides its callbacks and reads
+  its attributes (`cycle`, `parser`, `scope`, `headers`, `flow`, `pipeline`, `tasks`, `server_state`, ...), and
+  builds uvicorn's `RequestResponseCycle` for requests it hands back. It also refuses request bodies over the
+  server's limit before buffering them (413). See "The protocol" below.
+- **uvicorn's multi-process supervisor** (`Multiprocess`, `STARTUP_FAILURE`) and the count of requests in flight
+  (`Server.server_state.tasks`).
+- **FastAPI's reading of a route** (`APIRoute.dependant`, `DefaultPlaceholder`,
+  `fastapi.dependencies.utils.get_typed_signature`): `route_shape` turns it into a plain `RouteShape`, which is all
+  hot routes and the MCP exposure read.
+- **starlette's cached request body** (`Request._body`): `request_with_body` builds a `Request` whose `body()` is
+  given bytes, so a handler can be called with a body we already read or rewrote.
+
+`check_compatibility()` says which of these the installed versions lack; `tests/unit/test_private_api.py` runs it
+(and exercises each piece), so an incompatible uvicorn, FastAPI or starlette release fails the tests loudly. At
+run time a server whose libraries fail the check serves through plain uvicorn and FastAPI (slower, same answers)
+and says so once.
+
+The protocol
+------------
+uvicorn's httptools protocol, made cheaper for the many small JSON requests between a stack's servers.
 
 Three things, each measured on the rollout hot path (`perf/floor_vs_stack.py`):
 
@@ -22,8 +46,16 @@ uvicorn's parsing, flow control, pipelining and shutdown stay its own.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional
 
+from fastapi.datastructures import DefaultPlaceholder
+from fastapi.dependencies.utils import get_typed_signature
+from fastapi.routing import APIRoute
+from starlette.requests import Request
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -32,10 +64,32 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+from uvicorn.supervisors import Multiprocess
 
-__all__ = ["CoalescingHttpToolsProtocol", "NeMoGymHttpProtocol"]
+from nemo_gym.serving.body import too_large_body
+
+__all__ = [
+    "CoalescingHttpToolsProtocol",
+    "NeMoGymHttpProtocol",
+    "protocol_with_body_limit",
+    "Multiprocess",
+    "STARTUP_FAILURE",
+    "requests_in_flight",
+    "Param",
+    "RouteShape",
+    "route_shape",
+    "typed_signature",
+    "request_with_body",
+    "check_compatibility",
+]
 
 FLUSH_AT_BYTES = 64 * 1024
+_MAX_BODY_ENV_VAR = "NEMO_GYM_MAX_REQUEST_BODY_BYTES"
+
+
+def _max_body_from_env() -> Optional[int]:
+    value = os.environ.get(_MAX_BODY_ENV_VAR, "")
+    return int(value) if value.isdigit() else None
 
 
 class _CoalescingTransport:
@@ -115,7 +169,13 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
     request) is not turned into an ASGI cycle: its body is collected as it arrives, then one task calls
     `HotRoutes.answer`, which writes the whole response at once (and the access line uvicorn would write, when its
     access logger has handlers). Everything else is uvicorn's, untouched. The direct path is off when uvicorn limits
-    concurrency or serves under a root path."""
+    concurrency or serves under a root path.
+
+    Every request, direct or not, is held to `max_body` bytes (`protocol_with_body_limit`): a `Content-Length` over
+    it is answered 413 once the body has gone by, none of it kept (so a client still sending reads the answer, not a
+    reset connection); a chunked body that grows past it is answered 413 and the connection closed."""
+
+    max_body: ClassVar[Optional[int]] = _max_body_from_env()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -173,6 +233,14 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         super().connection_lost(exc)
 
     def on_headers_complete(self) -> None:
+        limit = self.max_body
+        if limit is not None:
+            for name, value in self.headers:
+                if name == b"content-length":
+                    if value.isdigit() and int(value) > limit:
+                        self.cycle = _RefusedCycle(self, self.scope, int(value), limit)  # type: ignore[assignment]
+                        return
+                    break
         hot_routes = self.hot_routes
         cycle = self.cycle
         parser = self.parser
@@ -199,13 +267,36 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
-        if type(cycle) is _DirectCycle:
+        kind = type(cycle)
+        if kind is _DirectCycle:
             cycle.chunks.append(body)
+            cycle.size += len(body)
+            if self.max_body is not None and cycle.size > self.max_body:
+                cycle.chunks.clear()
+                self._refuse_now(cycle.size)
+            return
+        if kind is _RefusedCycle:
+            cycle.discard(len(body))
             return
         super().on_body(body)
+        if self.max_body is not None and cycle is not None and len(cycle.body) > self.max_body:
+            cycle.body = b""
+            cycle.disconnected = True  # the app's receive() answers http.disconnect
+            cycle.message_event.set()
+            self._refuse_now(None)
+
+    def _refuse_now(self, size: Optional[int]) -> None:
+        """A body without `Content-Length` grew past `max_body`: answer 413 and close, in the middle of it."""
+        refused = _RefusedCycle(self, self.scope, size, self.max_body or 0)
+        self.cycle = refused  # type: ignore[assignment]
+        refused.answer()
 
     def on_message_complete(self) -> None:
         cycle = self.cycle
+        if type(cycle) is _RefusedCycle:
+            if not cycle.response_started:
+                cycle.answer()
+            return
         if type(cycle) is _DirectCycle:
             cycle.more_body = False
             task = self.loop.create_task(cycle.run())
@@ -240,7 +331,7 @@ class _DirectCycle:
 
     __slots__ = (
         "protocol", "scope", "route", "chunks", "more_body", "keep_alive", "response_started", "response_complete",
-        "disconnected", "delegated", "message_event", "body_sent",
+        "disconnected", "delegated", "message_event", "body_sent", "size",
     )
 
     def __init__(self, protocol: NeMoGymHttpProtocol, scope: dict, route: Any, keep_alive: bool) -> None:
@@ -255,6 +346,7 @@ class _DirectCycle:
         self.disconnected = False
         self.delegated = False
         self.body_sent = False
+        self.size = 0
         self.message_event = _Signal()
 
     def body(self) -> bytes:
@@ -361,3 +453,199 @@ class _DirectCycle:
         if protocol.cycle is self:
             protocol.cycle = cycle
         await cycle.run_asgi(app)
+
+
+class _RefusedCycle(_DirectCycle):
+    """A request whose body is over the server's limit: its bytes are counted and dropped, then 413."""
+
+    __slots__ = ("declared", "limit", "discarded")
+
+    # A client that keeps sending long after its refusal is cut off here (multiples of the limit).
+    DISCARD_FACTOR = 4
+
+    def __init__(self, protocol: NeMoGymHttpProtocol, scope: dict, declared: Optional[int], limit: int) -> None:
+        super().__init__(protocol, scope, None, keep_alive=False)
+        if "method" not in scope:  # refused before uvicorn read the request line into the scope
+            scope["method"] = protocol.parser.get_method().decode("ascii")
+            scope["path"], _, query = protocol.url.decode("latin-1").partition("?")
+            scope["query_string"] = query.encode("latin-1")
+        self.declared = declared
+        self.limit = limit
+        self.discarded = 0
+
+    def discard(self, size: int) -> None:
+        self.discarded += size
+        if self.discarded > self.DISCARD_FACTOR * self.limit and not self.response_started:
+            self.answer()
+
+    def answer(self) -> None:
+        size = f"{self.declared} bytes" if self.declared is not None else f"more than {self.limit} bytes"
+        body = too_large_body(size, self.limit)
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        self.respond(413, headers, body)
+
+
+def protocol_with_body_limit(limit: Optional[int]) -> type[NeMoGymHttpProtocol]:
+    """`NeMoGymHttpProtocol`, holding every request body to `limit` bytes (None: no limit) in this process and in
+    the uvicorn workers it starts (they import this module afresh and read the limit from the environment)."""
+    NeMoGymHttpProtocol.max_body = limit
+    if limit is None:
+        os.environ.pop(_MAX_BODY_ENV_VAR, None)
+    else:
+        os.environ[_MAX_BODY_ENV_VAR] = str(limit)
+    return NeMoGymHttpProtocol
+
+
+# -------------------------------------------------------------------------------------------------------------
+# uvicorn: requests in flight
+
+
+def requests_in_flight(server: Any) -> int:
+    """How many requests a running `uvicorn.Server` is answering (its tasks)."""
+    return len(server.server_state.tasks)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# FastAPI: what a route takes, read once
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a route's endpoint, as FastAPI reads it."""
+
+    name: str
+    annotation: Any
+    required: bool
+    embed: bool = False
+    media_type: str = "application/json"
+
+
+@dataclass(frozen=True)
+class RouteShape:
+    """What a route's endpoint takes and how FastAPI would call it: plain values, no FastAPI objects."""
+
+    endpoint: Callable[..., Any]
+    path_params: tuple[Param, ...]
+    query_params: tuple[Param, ...]
+    header_params: tuple[Param, ...]
+    cookie_params: tuple[Param, ...]
+    body_params: tuple[Param, ...]
+    dependencies: tuple[str, ...]  # the names of the dependency callables
+    # Parameters FastAPI injects, by kind ("Request", "WebSocket", "Response", ...) -> parameter name.
+    injected: dict[str, str]
+    default_response_class: bool
+
+    @property
+    def request_param_name(self) -> Optional[str]:
+        return self.injected.get("Request")
+
+
+_INJECTED = (
+    ("request_param_name", "Request"),
+    ("http_connection_param_name", "HTTPConnection"),
+    ("websocket_param_name", "WebSocket"),
+    ("response_param_name", "Response"),
+    ("background_tasks_param_name", "BackgroundTasks"),
+    ("security_scopes_param_name", "SecurityScopes"),
+)
+
+
+def _params(fields: Any) -> tuple[Param, ...]:
+    out = []
+    for field in fields or ():
+        info = field.field_info
+        out.append(
+            Param(
+                name=field.name,
+                annotation=info.annotation,
+                required=info.is_required(),
+                embed=bool(getattr(info, "embed", False)),
+                media_type=getattr(info, "media_type", "application/json"),
+            )
+        )
+    return tuple(out)
+
+
+def route_shape(route: APIRoute) -> RouteShape:
+    """FastAPI's own reading of `route`'s endpoint (its `dependant`), as a `RouteShape`."""
+    dependant = route.dependant
+    return RouteShape(
+        endpoint=dependant.call,
+        path_params=_params(dependant.path_params),
+        query_params=_params(dependant.query_params),
+        header_params=_params(dependant.header_params),
+        cookie_params=_params(dependant.cookie_params),
+        body_params=_params(dependant.body_params),
+        dependencies=tuple(str(getattr(d.call, "__name__", d.call)) for d in dependant.dependencies),
+        injected={kind: getattr(dependant, attr) for attr, kind in _INJECTED if getattr(dependant, attr, None)},
+        default_response_class=isinstance(route.response_class, DefaultPlaceholder),
+    )
+
+
+def typed_signature(endpoint: Callable[..., Any]) -> inspect.Signature:
+    """The signature FastAPI reads of `endpoint` (string annotations resolved as FastAPI resolves them)."""
+    return get_typed_signature(endpoint)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# starlette: a request whose body is already read
+
+
+def request_with_body(scope: dict, receive: Any, body: bytes) -> Request:
+    """A `Request` over `scope` whose `body()` (and so `json()`) returns `body` without reading the stream."""
+    request = Request(scope, receive)
+    request._body = body  # what Request.body() caches
+    return request
+
+
+# -------------------------------------------------------------------------------------------------------------
+# The check
+
+
+def check_compatibility() -> list[str]:
+    """What the installed uvicorn / FastAPI / starlette lack of what this module uses (empty: all there)."""
+    problems: list[str] = []
+    for name in (
+        "on_headers_complete", "on_body", "on_message_complete", "on_response_complete", "connection_made",
+        "connection_lost", "timeout_keep_alive_handler", "_unset_keepalive_if_required",
+    ):
+        if not callable(getattr(HttpToolsProtocol, name, None)):
+            problems.append(f"uvicorn: HttpToolsProtocol.{name} is gone")
+    cycle_params = inspect.signature(RequestResponseCycle.__init__).parameters
+    for name in (
+        "scope", "transport", "flow", "logger", "access_logger", "access_log", "default_headers", "message_event",
+        "expect_100_continue", "keep_alive", "on_response",
+    ):
+        if name not in cycle_params:
+            problems.append(f"uvicorn: RequestResponseCycle() no longer takes {name}=")
+    if not callable(getattr(RequestResponseCycle, "run_asgi", None)):
+        problems.append("uvicorn: RequestResponseCycle.run_asgi is gone")
+    if 500 not in STATUS_LINE or 413 not in STATUS_LINE:
+        problems.append("uvicorn: STATUS_LINE no longer maps status codes to status lines")
+
+    async def probe(request: Request) -> None:
+        return None
+
+    try:
+        shape = route_shape(APIRoute("/probe", probe, methods=["POST"]))
+        if shape.request_param_name != "request" or shape.endpoint is not probe:
+            problems.append("FastAPI: APIRoute.dependant no longer describes the endpoint's parameters")
+    except Exception as exc:  # noqa: BLE001 - any failure here is the finding
+        problems.append(f"FastAPI: reading a route failed ({type(exc).__name__}: {exc})")
+    request = request_with_body({"type": "http", "method": "POST", "path": "/", "headers": []}, None, b"{}")
+    try:
+        if _run_without_loop(request.body()) != b"{}":
+            problems.append("starlette: Request.body() no longer returns the cached `_body`")
+    except Exception as exc:  # noqa: BLE001
+        problems.append(f"starlette: Request.body() with a cached body failed ({type(exc).__name__}: {exc})")
+    return problems
+
+
+def _run_without_loop(coro: Any) -> Any:
+    """The result of a coroutine that never suspends (no event loop needed, none disturbed)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("the coroutine suspended")

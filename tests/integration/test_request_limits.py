@@ -1,0 +1,125 @@
+"""Hostile request bodies against a real stack (`ng_run` of the collection fixture in front of the fake LLM).
+
+A body over a server's limit is answered 413 with a one-line reason before it is buffered, whether it declares its
+length or comes chunked, on hot routes and on FastAPI's own; a 422 never echoes more than an excerpt of the input;
+and a server's memory comes back near where it was after a burst of large bodies it did accept.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import psutil
+import pytest
+
+from nemo_gym.testing.stack import FakeLLMBackend, NgRunStack, fake_llm_overrides, free_port, server_instances
+from tests.conftest import FIXTURE_STACK
+
+LIMIT = 8 * 1024 * 1024  # the stack's max_request_body_bytes
+BIG = 50 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def stack():
+    head_port = free_port()
+    with FakeLLMBackend() as backend:
+        overrides = fake_llm_overrides(["configs/collect.yaml"], backend.base_url, head_port)
+        with NgRunStack([*overrides, f"+max_request_body_bytes={LIMIT}"], cwd=FIXTURE_STACK) as run:
+            run.wait_for("servers ready", timeout=120)
+            servers = {s["process_name"]: s for s in server_instances(head_port)}
+            yield servers, run
+
+
+def _url(servers: dict, name: str) -> str:
+    return servers[name]["url"].rstrip("/")
+
+
+def _rss(pid: int) -> int:
+    return psutil.Process(pid).memory_info().rss
+
+
+def _raw_post(url: str, path: str, head: bytes, chunks, timeout: float = 60.0) -> bytes:
+    """Send a request by hand (headers, then `chunks`) and read until the server closes or answers whole."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n")
+        try:
+            for chunk in chunks:
+                sock.sendall(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed in the middle of the body: what we test for
+        answer = b""
+        while True:
+            try:
+                data = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not data:
+                break
+            answer += data
+        return answer
+
+
+@pytest.mark.parametrize("path", ["/verify", "/seed_session", "/openapi.json"])
+def test_a_body_over_the_limit_with_its_length_is_answered_413_with_one_line(stack, path):
+    servers, _ = stack
+    url = _url(servers, "gated_counter_resources_server")
+    before = _rss(servers["gated_counter_resources_server"]["pid"])
+    body = b"x" * BIG
+    answer = httpx.post(f"{url}{path}", content=body, headers={"content-type": "application/json"}, timeout=120)
+    assert answer.status_code == 413, answer.text[:500]
+    detail = answer.json()["detail"]
+    assert "\n" not in detail and str(BIG) in detail and str(LIMIT) in detail and "max_request_body_bytes" in detail
+    assert answer.headers["connection"] == "close"
+    # Nothing of the 50 MB was kept.
+    assert _rss(servers["gated_counter_resources_server"]["pid"]) - before < 20 * 1024 * 1024
+
+
+def test_a_chunked_body_growing_past_the_limit_is_answered_413_and_the_connection_closed(stack):
+    servers, _ = stack
+    url = _url(servers, "gated_counter_resources_server")
+    piece = b"y" * (1024 * 1024)
+    chunk = b"%x\r\n" % len(piece) + piece + b"\r\n"
+    answer = _raw_post(url, "/verify", b"Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n",
+                       (chunk for _ in range(BIG // len(piece))))
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:300]
+    assert b"max_request_body_bytes" in answer
+
+
+def test_the_server_still_serves_after_refusing(stack):
+    servers, _ = stack
+    url = _url(servers, "gated_counter_resources_server")
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    seeded = httpx.post(f"{url}/seed_session", json={}, timeout=10)
+    assert seeded.status_code == 200, seeded.text
+
+
+def test_a_422_shows_only_an_excerpt_of_the_input(stack):
+    servers, _ = stack
+    url = _url(servers, "gated_counter_resources_server")
+    body = {"responses_create_params": {"input": "z" * (6 * 1024 * 1024)}, "response": "not a response"}
+    answer = httpx.post(f"{url}/verify", json=body, timeout=60)
+    assert answer.status_code == 422
+    assert len(answer.content) < 20_000, len(answer.content)
+    assert any(error["loc"][-1] == "response" or "response" in error["loc"] for error in answer.json()["detail"])
+
+
+def test_memory_returns_near_its_baseline_after_a_burst_of_large_bodies(stack):
+    servers, _ = stack
+    name = "gated_counter_resources_server"
+    url, pid = _url(servers, name), servers[name]["pid"]
+    payload = {"responses_create_params": {"input": "w" * (7 * 1024 * 1024)}, "response": "not a response"}
+    with httpx.Client(timeout=60) as client:
+        client.post(f"{url}/verify", json=payload)  # first touch: allocator arenas, caches
+        time.sleep(0.5)
+        baseline = _rss(pid)
+        for _ in range(20):
+            assert client.post(f"{url}/verify", json=payload).status_code == 422
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _rss(pid) - baseline > 32 * 1024 * 1024:
+        time.sleep(0.2)
+    grown = _rss(pid) - baseline
+    # 20 bodies of 7 MB went through (140 MB); what stays is allocator slack, not the bodies.
+    assert grown < 32 * 1024 * 1024, f"RSS grew by {grown / 2**20:.1f} MB"
