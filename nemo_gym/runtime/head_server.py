@@ -6,6 +6,7 @@ global config (to find every server by name) and for the list of running server 
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -38,6 +39,7 @@ class HeadServer:
         self._instances = instances
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
+        self.started_at = time.time()
         self.app = self._build_app()
 
     def _build_app(self) -> Starlette:
@@ -51,7 +53,12 @@ class HeadServer:
             return _json(self._instances())
 
         async def health(request: Request) -> Response:
-            return _json({"status": "ok", "name": "head_server", "version": __version__})
+            # `pid` is the ng_run process (the head server lives in it): a new ng_run that finds this port taken
+            # names the stack's owner (runtime/stale_stack.py).
+            return _json(
+                {"status": "ok", "name": "head_server", "version": __version__, "pid": os.getpid(),
+                 "started_at": self.started_at}
+            )
 
         async def liveness(request: Request) -> Response:  # NeMo Gym v0.5's `GET /` on every server
             return _json({"status": "ok"})

@@ -435,6 +435,12 @@ class RunHelper:
             env[NEMO_GYM_LISTEN_FD_ENV_VAR_NAME] = str(fd)
         else:
             env.pop(NEMO_GYM_LISTEN_FD_ENV_VAR_NAME, None)
+        from nemo_gym.runtime.supervisor_watch import SUPERVISOR_PID_ENV_VAR_NAME
+
+        if isinstance(server, ServerProcess):  # watched by the server (supervisor_watch.py); not for Ray actors
+            env[SUPERVISOR_PID_ENV_VAR_NAME] = str(os.getpid())
+        else:
+            env.pop(SUPERVISOR_PID_ENV_VAR_NAME, None)
         if server.num_replicas > 1:
             from nemo_gym.serving.sessions import REPLICA_ENV_VAR_NAME
 
@@ -536,7 +542,11 @@ class RunHelper:
         server.kill_reason = None
         server.health_failures = 0
         server.start_time = time.time()
-        server.popen = subprocess.Popen(
+        from nemo_gym.runtime.parent_death import popen_dying_with_parent
+
+        # Dies with this process, even on SIGKILL (forked from a thread that lives as long as this process); the
+        # server then kills its own process group (runtime/supervisor_watch.py): docs/design.md, decision 15.
+        server.popen = popen_dying_with_parent(
             server.argv,
             cwd=server.server_dir,
             env=server.env,
@@ -985,6 +995,10 @@ def run_stack(global_config: DictConfig, *, out=None) -> int:
     helper = RunHelper(global_config, out=out)
     previous = {sig: signal.signal(sig, helper.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if not global_config.get("dry_run"):
+            from nemo_gym.runtime.stale_stack import check_stale_stacks
+
+            check_stale_stacks(global_config, say=helper.say)
         helper.prepare()
         if global_config.get("dry_run"):
             from nemo_gym.runtime.venvs import prebuild_all

@@ -33,14 +33,8 @@ READY_TIMEOUT_S = 600.0
 TAIL_LINES = 40
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
-    """The server dies with the actor's process, even when Ray kills that with SIGKILL."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+# The server dies with the actor's process, even when Ray kills that with SIGKILL (runtime/parent_death.py).
+from nemo_gym.runtime.parent_death import _die_with_parent  # noqa: E402
 
 
 class ServerActor:

@@ -246,6 +246,8 @@ class SimpleServer(BaseServer):
         Serves on the listening socket passed in `NEMO_GYM_LISTEN_FD` (by `ng_run`) or binds the configured
         host/port. Returns None on `dry_run`; inside a multi-worker uvicorn worker it returns the app instead of
         serving."""
+        from nemo_gym.runtime.supervisor_watch import watch_supervisor  # dies with its ng_run (design.md, 15)
+        watch_supervisor()
         from nemo_gym.config.global_config import (
             DRY_RUN_KEY_NAME,
             NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME,
