@@ -535,10 +535,11 @@ class NeMoGymResponseCreateParamsNonStreaming(BaseModel):
     """Body of ``POST /v1/responses``. Unknown keys are rejected, naming the key.
 
     Unlike the reference, ``seed`` is accepted (``num_repeats_add_seed`` sets it); it is left out of dumps while
-    unset.
+    unset. Numbers must be finite: ``NaN`` / ``Infinity`` literals (which JSON lacks but lenient parsers take) are
+    refused, naming the field (HTTP 422).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     background: Optional[bool] = None
     include: Optional[list[str]] = None
@@ -869,9 +870,10 @@ class NeMoGymChatCompletionToolParam(BaseModel):
 
 
 class NeMoGymChatCompletionCreateParamsNonStreaming(BaseModel):
-    """Body of ``POST /v1/chat/completions``. Unknown keys are dropped (the reference's behaviour)."""
+    """Body of ``POST /v1/chat/completions``. Unknown keys are dropped (the reference's behaviour). Numbers must be
+    finite (``NaN`` / ``Infinity`` are refused, naming the field: HTTP 422)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     messages: list[SerializeAsAny[NeMoGymChatCompletionMessageParam]]
     model: Optional[str] = None

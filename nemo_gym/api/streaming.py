@@ -10,7 +10,8 @@ Two ways to stream (`nemo_gym/serving/stream_adapter.py` picks one per server an
   Completions backend's chunks; :class:`ResponsesToMessages` turns Responses events into Anthropic Messages events.
 
 Every function or method yields / returns `(event name or None, payload dict)`; :func:`encode_sse` turns one into
-wire bytes and :class:`SSEDecoder` reads a backend's stream back.
+wire bytes and :class:`SSEDecoder` reads a backend's stream back. A backend asked to stream that answers whole
+(JSON, not server-sent events) is :class:`BackendDoesNotStream`: the stream adapter then sends the buffered events.
 
 - Responses: `response.created`, `response.in_progress`, then per output item `response.output_item.added`,
   for a message per text part `response.content_part.added`, `response.output_text.delta`,
@@ -46,11 +47,35 @@ __all__ = [
     "ChatToResponses",
     "ResponsesToMessages",
     "DONE",
+    "BackendDoesNotStream",
+    "does_not_stream",
 ]
 
 DONE = object()  # the Chat Completions stream's closing `data: [DONE]`
 
 Event = tuple[Optional[str], Any]
+
+NOT_STREAMING = "the backend does not stream"  # the end of the message of the error below
+
+
+class BackendDoesNotStream(RuntimeError):
+    """A backend asked to stream (`"stream": true`) answered whole (JSON, not server-sent events). Raised (before
+    any event) by a model server's streaming hook, the stream adapter answers the request from the server's
+    non-streamed route instead, as the buffered events. Its message should end with :data:`NOT_STREAMING`."""
+
+
+def does_not_stream(exc: BaseException) -> bool:
+    """Whether `exc` (or what it was raised from) says the backend answered a streamed request whole: a
+    :class:`BackendDoesNotStream`, or the `RuntimeError` ending with :data:`NOT_STREAMING` that
+    `nemo_gym/http/sse_client.py`'s `upstream_sse` raises."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, BackendDoesNotStream) or (
+            type(exc) is RuntimeError and str(exc).rstrip().endswith(NOT_STREAMING)
+        ):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def encode_sse(event: Optional[str], payload: Any) -> bytes:

@@ -13,7 +13,7 @@ import aiohttp
 import httpx
 import orjson
 
-from nemo_gym.api.streaming import SSEDecoder
+from nemo_gym.api.streaming import BackendDoesNotStream, SSEDecoder
 
 __all__ = ["upstream_sse"]
 
@@ -91,7 +91,7 @@ async def upstream_sse(
             resp.close()
         else:
             await resp.aclose()
-        raise RuntimeError(f"POST {url} was asked to stream but answered {kind or 'no content type'}, not server-sent "
+        raise BackendDoesNotStream(f"POST {url} was asked to stream but answered {kind or 'no content type'}, not server-sent "
                            f"events: the backend does not stream")
     chunks = resp.content.iter_any() if isinstance(resp, aiohttp.ClientResponse) else resp.aiter_bytes()
     decoder = SSEDecoder()

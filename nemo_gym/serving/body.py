@@ -96,7 +96,12 @@ class BodyLimit:
                 started = True
             await send(message)
 
-        await self.app(scope, counting_receive, tracking_send)
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except Exception:
+            if not refused:
+                raise
+            # The app met the disconnect we made up (starlette's ClientDisconnect); the 413 has gone out.
 
     async def _refuse(self, send: Any, size: str) -> None:
         body = too_large_body(size, self.limit)

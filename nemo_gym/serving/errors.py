@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import traceback
 from typing import Any, Callable, ClassVar, Optional
@@ -159,6 +160,8 @@ class NeMoGymExceptionMiddleware:
 
 def _excerpt(value: Any) -> Any:
     """A short stand-in for an offending input in a 422 answer: small scalars as they are, the rest cut."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # NaN / inf: not JSON, so not echoed as a number
     if value is None or isinstance(value, (bool, int, float)):
         return value
     if isinstance(value, str):

@@ -14,6 +14,14 @@ pure-ASGI middleware, which every model server gets from the base, serves a stre
   error response to send; an error after the first event ends the stream with the API's error event.
 - **Buffered** (servers without the hook): the request goes on without `stream` (and `stream_options`) to the
   server's own route, and the whole answer is sent as the API's events (`nemo_gym/api/streaming.py`).
+- **Fallback** (a hook whose backend answers whole): when the hook's backend answers a streamed request with
+  JSON instead of server-sent events (the hook raises, before its first event, `BackendDoesNotStream` or the
+  `RuntimeError` of `upstream_sse` saying "the backend does not stream"), nothing has been sent yet: the request
+  is served buffered instead, and the hook is no longer tried while the server runs (one log line says so), so
+  only that first request costs the backend two calls.
+
+A streamed request whose body has `NaN` / `Infinity` / `-Infinity` literals (not JSON, but Python's `json` takes
+them) is refused naming the fields (422; 400 on `/v1/messages`): re-encoding would turn them into `null`.
 
 Errors before the stream starts go back as JSON with their status, in the API's error shape (OpenAI's
 `{"error": {"message", "type", "param", "code"}}`, Anthropic's on `/v1/messages`), so SDKs raise their typed
@@ -25,18 +33,21 @@ answers server-sent events, is `nemo_gym/http/sse_client.py`'s `upstream_sse` (i
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import sys
 import traceback
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Optional
 
 import orjson
 from pydantic import ValidationError
-from starlette.requests import Request
 
 from nemo_gym.api.anthropic_messages import MessagesConversionError, anthropic_error, messages_to_responses_params
 from nemo_gym.api.schemas import NeMoGymChatCompletionCreateParamsNonStreaming, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.api.streaming import (
     DONE,
+    BackendDoesNotStream,
+    does_not_stream,
     ResponsesToMessages,
     chat_completion_chunks,
     encode_sse,
@@ -45,11 +56,16 @@ from nemo_gym.api.streaming import (
 )
 from nemo_gym.http.sse_client import upstream_sse  # re-exported: model servers have imported it from here
 from nemo_gym.serving.body import read_body, replay_body
+from nemo_gym.serving.private_api import request_with_body
 
 __all__ = [
     "StreamAdapter",
     "StreamRefused",
+    "BackendDoesNotStream",
     "upstream_sse",
+    "non_finite_fields",
+    "non_finite_message",
+    "lenient_json",
     "messages_to_responses_request",
     "report_dropped_fields",
     "openai_error_body",
@@ -133,6 +149,34 @@ def report_dropped_fields(server: Any, dropped: list[str]) -> None:
           f"{', '.join(sorted(dropped))}", file=sys.stderr, flush=True)
 
 
+def lenient_json(raw: bytes) -> Any:
+    """`raw` parsed the way Python's `json` does, which takes the `NaN` / `Infinity` / `-Infinity` literals that
+    orjson (and JSON) refuse; None when it is not JSON even so. For error paths only (slow)."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
+def non_finite_fields(value: Any, where: str = "") -> list[str]:
+    """The paths (`temperature`, `messages[0].x`) of the non-finite numbers in parsed JSON `value`."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [where or "(the body)"]
+    found: list[str] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += non_finite_fields(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found += non_finite_fields(item, f"{where}[{index}]")
+    return found
+
+
+def non_finite_message(fields: list[str]) -> str:
+    return (f"{', '.join(fields)}: must be a finite number; NaN, Infinity and -Infinity are not JSON numbers and "
+            f"are refused (send a finite value, or leave the field out for the default)")
+
+
 def _error_body(path: str, status: int, body: bytes) -> bytes:
     """An error body in the error shape of the API at `path`."""
     if path not in _ANTHROPIC_PATHS:
@@ -161,9 +205,12 @@ class StreamAdapter:
         """Whether this layer may have to answer a request (a streamed one) rather than pass it on."""
         return path in _STREAMED and b'"stream"' in body
 
-    def __init__(self, app: Any, server: Any = None) -> None:
+    def __init__(self, app: Any, server: Any = None, answers_whole: Optional[set] = None) -> None:
         self.app = app
         self.server = server
+        # The hooks whose backend answered a streamed request whole; a set shared by the adapters of one app
+        # (FastAPI's stack and the hot routes' each make one from the same arguments).
+        self._answers_whole: set[str] = answers_whole if answers_whole is not None else set()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in _STREAMED:
@@ -171,24 +218,48 @@ class StreamAdapter:
             return
         body = await read_body(receive)
         request = None
-        if self.streams(scope["path"], body):
+        path = scope["path"]
+        if self.streams(path, body):
             try:
                 request = orjson.loads(body)
             except orjson.JSONDecodeError:
-                request = None
+                request = lenient_json(body)  # NaN / Infinity literals: refused below when streamed
+                fields = non_finite_fields(request) if isinstance(request, dict) and request.get("stream") is True else []
+                if fields:
+                    await self._refuse_non_finite(path, fields, send)
+                    return
         if not (isinstance(request, dict) and request.get("stream") is True):
             await self.app(scope, replay_body(body, receive), send)
             return
         del request["stream"]
-        hook = getattr(self.server, _HOOKS[scope["path"]], None) if self.server is not None else None
-        if hook is not None:
-            await self._pass_through(hook, request, scope, receive, send)
-        else:
-            await self._buffered(request, scope, receive, send)
+        name = _HOOKS[path]
+        hook = getattr(self.server, name, None) if self.server is not None else None
+        if hook is not None and name not in self._answers_whole:
+            whole = await self._pass_through(hook, dict(request), scope, receive, send)
+            if whole is None:
+                return
+            self._answers_whole.add(name)
+            server = self.server.get_session_middleware_key() if hasattr(self.server, "get_session_middleware_key") \
+                else type(self.server).__name__
+            print(f"{server} POST {path}: {whole}. Streamed requests that `{name}` serves are answered from the "
+                  f"whole answer (sent as the API's events) from now on, until this server restarts; to get deltas "
+                  f"as they come, make the backend stream.", file=sys.stderr, flush=True)
+        await self._buffered(request, scope, receive, send)
+
+    async def _refuse_non_finite(self, path: str, fields: list[str], send: Any) -> None:
+        message = non_finite_message(fields)
+        if path in _ANTHROPIC_PATHS:
+            await _send_json(send, 400, orjson.dumps(anthropic_error(400, message)))
+            return
+        await _send_json(send, 422, orjson.dumps({"error": {
+            "message": message, "type": "invalid_request_error", "param": fields[0], "code": None}}))
 
     # -- a backend that streams --------------------------------------------------------------------------
 
-    async def _pass_through(self, hook: Callable, request: dict, scope: dict, receive: Any, send: Any) -> None:
+    async def _pass_through(self, hook: Callable, request: dict, scope: dict, receive: Any,
+                            send: Any) -> Optional[BaseException]:
+        """Serve the request from `hook`; None when answered (or the client hung up), else the error saying the
+        backend answered whole, before anything was sent (the caller then serves it buffered)."""
         path = scope["path"]
         headers: list = []
         try:
@@ -204,24 +275,25 @@ class StreamAdapter:
                 params, body = request, NeMoGymChatCompletionCreateParamsNonStreaming.model_validate(request)
         except MessagesConversionError as exc:
             await _send_json(send, 400, orjson.dumps(anthropic_error(400, str(exc))))
-            return
+            return None
         except ValidationError as exc:
             status = 400 if path in _ANTHROPIC_PATHS else 422
             kind = "does not convert to a valid Responses request" if path in _ANTHROPIC_PATHS else "is not valid"
             message = f"the request {kind}: {exc}"
             await _send_json(send, status, _error_body(path, status, orjson.dumps({"error": {"message": message}})))
-            return
-        handler_request = Request(scope, receive)
-        handler_request._body = orjson.dumps(params)  # what Request.body() caches
+            return None
+        handler_request = request_with_body(scope, receive, orjson.dumps(params))
         if path == "/v1/messages":
             events = _as_messages(hook(body, handler_request), ResponsesToMessages(request.get("model")))
         elif path == "/v1/responses":
             events = _named(hook(body, handler_request))
         else:
             events = _named(hook(body, handler_request), trailer=DONE)
-        await _until_hangup(self._pump(events, path, headers, send), receive)
+        outcome = await _until_hangup(self._pump(events, path, headers, send), receive)
+        return outcome if isinstance(outcome, BaseException) else None
 
-    async def _pump(self, events: AsyncIterator, path: str, headers: list, send: Any) -> None:
+    async def _pump(self, events: AsyncIterator, path: str, headers: list, send: Any) -> Optional[BaseException]:
+        """Send the hook's events; the error when the backend answered whole (nothing sent then), else None."""
         try:
             try:
                 first = await events.__anext__()
@@ -230,12 +302,14 @@ class StreamAdapter:
             except StreamRefused as refused:
                 status = refused.response.status_code
                 await _send_json(send, status, _error_body(path, status, bytes(refused.response.body)))
-                return
+                return None
             except Exception as exc:  # the traceback goes to the log, the message to the client
+                if does_not_stream(exc):
+                    return exc
                 traceback.print_exc()
                 message = orjson.dumps({"error": {"message": f"{type(exc).__name__}: {exc}"}})
                 await _send_json(send, 500, _error_body(path, 500, message))
-                return
+                return None
             await send({"type": "http.response.start", "status": 200, "headers": [*_SSE_HEADERS, *headers]})
             try:
                 if first is not None:
@@ -248,6 +322,7 @@ class StreamAdapter:
                 await send({"type": "http.response.body", "body": encode_sse(*_error_event(path, message)),
                             "more_body": True})
             await send({"type": "http.response.body", "body": b""})
+            return None
         finally:
             await events.aclose()
 
@@ -268,7 +343,7 @@ class StreamAdapter:
                 answer["body"].append(message.get("body", b""))
 
         inner = self.app({**scope, "headers": headers}, replay_body(inner_body, _never), capture)
-        if not await _until_hangup(inner, receive):
+        if await _until_hangup(inner, receive) is _HUNG_UP:
             return
         status, content = answer["status"], b"".join(answer["body"])
         passed = [(k, v) for k, v in answer["headers"] if k.lower() in (b"set-cookie", DROPPED_FIELDS_HEADER.encode())]
@@ -314,9 +389,12 @@ def _error_event(path: str, message: str) -> tuple:
     return None, {"error": error}
 
 
-async def _until_hangup(work: Any, receive: Any) -> bool:
+_HUNG_UP = object()
+
+
+async def _until_hangup(work: Any, receive: Any) -> Any:
     """Run `work` (a coroutine) until it ends or the client hangs up, which cancels it (and so the backend call);
-    True when it ended."""
+    its result when it ended, else `_HUNG_UP`."""
     task = asyncio.ensure_future(work)
     hangup = asyncio.ensure_future(_wait_for_disconnect(receive))
     try:
@@ -330,9 +408,8 @@ async def _until_hangup(work: Any, receive: Any) -> bool:
             except asyncio.CancelledError:
                 pass
     if task.cancelled():
-        return False
-    task.result()
-    return True
+        return _HUNG_UP
+    return task.result()
 
 
 async def _never() -> dict:

@@ -92,6 +92,10 @@ sequence (texts in words, arguments in pieces, reasoning summaries as `reasoning
 recorded in `app.state.streams` (`StreamLog`): endpoint, rule, events sent, and its state (`streaming`,
 `paused`, `completed`, `broken` (`break_after_chunks`), or `cancelled` when the client hung up first).
 
+A backend that does not stream (opt-in: `build_app(answer_streams_whole=True)`, `--no-stream`): a `"stream": true`
+request is answered with the whole JSON answer, as if `stream` were absent (some OpenAI-compatible servers do
+this); each such call is recorded in `app.state.streams` with the state `whole`.
+
 Replay mode: `--replay replies.jsonl`
 -------------------------------------
 One reply per line, served by step: the first model call of every conversation gets line 1, the second line 2,
@@ -587,8 +591,8 @@ def _chat_completion(n: int, body: dict, message: dict, finish: str, usage: Any)
 
 class StreamLog:
     """What the fake backend streamed (`app.state.streams`): one record per streamed call, a dict with `endpoint`,
-    `rule`, `sent` (events sent so far) and `state` (`streaming`, `paused`, `completed`, `broken`, or `cancelled`
-    when the client hung up first). A reply with `pause_after_chunks` waits after that many events until
+    `rule`, `sent` (events sent so far) and `state` (`streaming`, `paused`, `completed`, `broken`, `cancelled`
+    when the client hung up first, or `whole` when `answer_streams_whole` answered it with the whole JSON). A reply with `pause_after_chunks` waits after that many events until
     :meth:`release`.
     Thread-safe: tests read it from their own thread."""
 
@@ -749,9 +753,11 @@ def build_app(
     script: Union[str, Path, list, None] = None,
     replay: Union[str, Path, list, None] = None,
     chunk_delay_ms: float = 0.0,
+    answer_streams_whole: bool = False,
 ) -> Starlette:
     """The ASGI app. `script` / `replay`: a path or the already-parsed list (see the module docstring).
-    `chunk_delay_ms`: the delay between two streamed events (a reply's own `chunk_delay_ms` wins)."""
+    `chunk_delay_ms`: the delay between two streamed events (a reply's own `chunk_delay_ms` wins).
+    `answer_streams_whole`: answer `"stream": true` with the whole JSON answer (a backend that does not stream)."""
     delay = latency_ms / 1000.0
     streams = StreamLog()
     rules = load_rules(script) + load_replay(replay)
@@ -797,6 +803,9 @@ def build_app(
     def streamed(view: _View, answer: Response, reply: Optional[dict]) -> Any:
         """`answer` (a whole chat completion or Response) as the endpoint's event stream."""
         if answer.status_code != 200:
+            return answer
+        if answer_streams_whole:
+            streams.update(streams.add(view.endpoint, answer.headers.get("x-fake-rule")), state="whole")
             return answer
         data = orjson.loads(answer.body)
         events = _chat_stream(data, view.body) if view.endpoint == "chat_completions" else _response_stream(data)
@@ -919,6 +928,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--chunk-delay-ms", type=float, default=0.0, help="delay between two streamed events")
     parser.add_argument("--script", default=None, help="rules file (.json list or .jsonl, one rule per line)")
     parser.add_argument("--replay", default=None, help="replies file (.jsonl, line k answers model call k)")
+    parser.add_argument("--no-stream", action="store_true",
+                        help="answer `stream: true` with the whole JSON answer (a backend that does not stream)")
     args = parser.parse_args(argv)
     try:
         app = build_app(
@@ -928,6 +939,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             chunk_delay_ms=args.chunk_delay_ms,
             script=args.script,
             replay=args.replay,
+            answer_streams_whole=args.no_stream,
         )
     except (ScriptError, OSError) as exc:
         raise SystemExit(f"fake_openai_server: {exc}") from None
