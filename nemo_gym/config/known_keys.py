@@ -115,6 +115,11 @@ class GlobalKeys(BaseNeMoGymCLIConfig):
         description="Transport of the shared HTTP client: lean (default), aiohttp or httpx (null = $NEMO_GYM_HTTP_CLIENT_TRANSPORT, "
         "else lean).",
     )
+    http_client_max_response_body_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        description="The largest response body the HTTP client reads from another server or a backend; a larger "
+        "one fails the call (not retried).",
+    )
     global_aiohttp_connector_limit: int = Field(default=102400, description="Connections of the HTTP client in total.")
     global_aiohttp_connector_limit_per_host: int = Field(
         default=1024, description="Connections of the HTTP client per host."

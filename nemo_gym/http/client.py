@@ -40,6 +40,10 @@ Behaviour (NeMo Gym v0.2 compatible):
   failures that mean it never ran (connection refused, 429, 503), never on a 500, a disconnect or a timeout.
   After the last attempt the last response is returned, or the last exception is raised with the server id,
   URL and attempt count in its message (attributes `server_name`, `url`, `attempts`).
+- **Response size**: a response body is read no further than `http_client_max_response_body_bytes` (global
+  config; default 256 MiB), whichever transport runs: a declared `Content-Length` over it fails before anything
+  is read, any other body as its bytes arrive; the connection is closed. The error (`ResponseTooLargeError`, an
+  `httpx.TransportError`) names the server, URL, the size seen and the key; it is not retried.
 - **Timeouts**: default connect 10 s, read/write/pool unbounded. A rollout's `/run` can legitimately take
   hours (long agentic episodes), and the reference had no client timeout at all; a bounded connect timeout
   still turns a dead host into a prompt, retryable error. Override per client
@@ -60,23 +64,20 @@ There is one session/transport per event loop per process, created lazily by the
 config of the `ServerClient` that made it. It is closed when the loop shuts down its async generators
 (`asyncio.run`, uvicorn, pytest-asyncio all do), at interpreter exit if the loop is still usable, or explicitly
 with `await close_global_client()`.
+Modules: `nemo_gym.http.response` (the response, its errors and helpers, body and cookie encoding, capped body
+reads), `nemo_gym.http.transports` (the transport choice and the per-loop shared state), `nemo_gym.http.replicas`
+(replica routing); this one holds `ServerClient` and re-exports the names of the others, so every name that was
+importable from here still is.
+
 """
 
 from __future__ import annotations
 
 import asyncio
 from time import monotonic as _monotonic
-import atexit
-import http.cookiejar
-import inspect
 import logging
-import os
-import threading
-from dataclasses import dataclass
-from http.cookies import SimpleCookie
-from typing import Any, AsyncIterator, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
-import aiohttp
 import httpx
 import orjson
 from yarl import URL
@@ -85,8 +86,31 @@ from nemo_gym.config.types import SERVER_TYPES
 from nemo_gym.config.values import config_get, is_mapping
 from nemo_gym.errors import did_you_mean
 from nemo_gym.http.lean_client import LeanClient
-from nemo_gym.serving.sessions import replica_of_cookie
-from nemo_gym.http.retry import (
+from nemo_gym.http.replicas import _REPLICA_GONE_ERRORS, REPLICA_DOWN_S, REPLICA_REFRESH_S, Replicas
+from nemo_gym.http.response import (  # noqa: F401  (re-exported: importable from here as before)
+    _JSON_HEADERS,
+    DEFAULT_MAX_RESPONSE_BODY_BYTES,
+    MAX_RESPONSE_BODY_KEY,
+    CookiesLike,
+    NeMoGymHTTPError,
+    ResponseTooLargeError,
+    ServerResponse,
+    _attr,
+    _http_error,
+    _ORJSON_OPTS,
+    _orjson_default,
+    _read_body,
+    _request_info,
+    _status_of,
+    encode_cookie_header,
+    encode_json_body,
+    get_response_json,
+    max_response_body_bytes,
+    raise_for_status,
+    read_aiohttp_body,
+    read_httpx_body,
+)
+from nemo_gym.http.retry import (  # noqa: F401  (re-exported)
     DEFAULT_BACKOFF_BASE,
     DEFAULT_BACKOFF_MAX,
     DEFAULT_MAX_ATTEMPTS,
@@ -97,6 +121,33 @@ from nemo_gym.http.retry import (
     RetryPolicy,
     is_idempotent_method,
 )
+from nemo_gym.http.transports import (  # noqa: F401  (re-exported)
+    DEFAULT_CONNECTOR_LIMIT,
+    DEFAULT_CONNECTOR_LIMIT_PER_HOST,
+    DEFAULT_TIMEOUT,
+    DEFAULT_TRANSPORT,
+    TRANSPORT_CONFIG_KEY,
+    TRANSPORT_ENV_VAR,
+    TRANSPORTS,
+    AiohttpTransport,
+    CappedHTTPTransport,
+    _client_timeout,
+    _close_all_at_exit,
+    _get_state,
+    _LoopState,
+    _make_httpx_transport,
+    _new_session,
+    _NullCookieJar,
+    _remap_aiohttp_error,
+    _transport_name,
+    aiohttp_exchange,
+    build_transport,
+    close_global_client,
+    close_idle_global_clients,
+    get_global_aiohttp_session,
+    get_global_client,
+    get_global_transport,
+)
 from nemo_gym.servers.rollout_context import observability_enabled, prefixed_url_path
 
 logger = logging.getLogger(__name__)
@@ -106,6 +157,7 @@ __all__ = [
     "ServerResponse",
     "AiohttpTransport",
     "NeMoGymHTTPError",
+    "ResponseTooLargeError",
     "raise_for_status",
     "get_response_json",
     "get_global_client",
@@ -116,670 +168,15 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "RETRY_STATUSES",
     "RETRY_EXCEPTIONS",
+    "MAX_RESPONSE_BODY_KEY",
+    "DEFAULT_MAX_RESPONSE_BODY_BYTES",
 ]
 
-DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=None, pool=None)
-
-DEFAULT_CONNECTOR_LIMIT = 102400
-DEFAULT_CONNECTOR_LIMIT_PER_HOST = 1024
-TRANSPORT_ENV_VAR = "NEMO_GYM_HTTP_CLIENT_TRANSPORT"
-TRANSPORT_CONFIG_KEY = "http_client_transport"
-TRANSPORTS = ("lean", "aiohttp", "httpx")
-# `lean`: ServerClient's plain-http calls go through `LeanClient`; the rest, and httpx users, through aiohttp.
-DEFAULT_TRANSPORT = "lean"
-
-_JSON_HEADERS = {"Content-Type": "application/json"}
 _NO_TIMEOUT_OVERRIDE: Any = object()
 
 
 # --------------------------------------------------------------------------------------------------------
-# The response, errors and response helpers
-
-
-def _request_info(url: Any, method: str) -> Any:
-    """An `aiohttp.RequestInfo` for errors (v0.2 code reads `e.request_info`)."""
-    import aiohttp
-    from multidict import CIMultiDict, CIMultiDictProxy
-    from yarl import URL
-
-    url = url if isinstance(url, URL) else URL(str(url or ""))
-    return aiohttp.RequestInfo(url, method or "", CIMultiDictProxy(CIMultiDict()), url)
-
-
-class NeMoGymHTTPError(httpx.HTTPStatusError, aiohttp.ClientResponseError):
-    """An HTTP error status from another server.
-
-    `response_content` is the response body as text (the exception middleware relays it), `status` /
-    `status_code` the status, `server_name` the server id (when known), `attempts` how many tries were made,
-    `response` the response it was raised for. Subclasses `httpx.HTTPStatusError` and
-    `aiohttp.ClientResponseError` (so `except ClientResponseError as e: e.status` works as in v0.2).
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        response: Any = None,
-        response_content: str = "",
-        server_name: Optional[str] = None,
-        attempts: Optional[int] = None,
-        status: Optional[int] = None,
-        method: str = "",
-        url: Any = None,
-    ) -> None:
-        Exception.__init__(self, message)
-        self.response = response  # type: ignore[assignment]
-        self._request = response._request if isinstance(response, httpx.Response) else None
-        self.response_content = response_content
-        self.server_name = server_name
-        self.attempts = attempts
-        if status is None:
-            status = _status_of(response) if response is not None else 0
-        self.status = status
-        self.status_code = status
-        self.message = message
-        self.headers = getattr(response, "headers", None)
-        self.history = ()
-        self._method = method
-        self._url = url
-        self.args = (message,)
-
-    @property
-    def request(self) -> Any:  # httpx's attribute; None when the response did not come from httpx
-        return self._request
-
-    @request.setter
-    def request(self, value: Any) -> None:
-        self._request = value
-
-    @property
-    def request_info(self) -> Any:  # aiohttp's attribute, built on first use
-        return _request_info(self._url, self._method)
-
-    @request_info.setter
-    def request_info(self, value: Any) -> None:
-        pass
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.message!r})"
-
-
-class ServerResponse:
-    """A fully read response from `ServerClient`, with NeMo Gym v0.2's (aiohttp's) contract.
-
-    aiohttp-style: `status`, `reason`, `ok`, `headers` (a case-insensitive `multidict`), `cookies` (a
-    `SimpleCookie` of this response's `Set-Cookie`s), `url`, `method`, `content_type`, `charset`,
-    `await read()`, `await text()`, `await json()`, `raise_for_status()`, `release()`, `close()`,
-    `async with`. Plus, without awaiting: `status_code`, `reason_phrase` and `content`/`body` (the bytes),
-    and `server_name` / `attempts` (which server answered, after how many tries). The body is already in
-    memory, so nothing here does I/O and releasing is a no-op.
-    """
-
-    __slots__ = ("status", "reason", "headers", "_body", "url", "method", "server_name", "attempts", "_cookies")
-
-    def __init__(
-        self,
-        status: int,
-        reason: Optional[str],
-        headers: Any,
-        body: bytes,
-        url: Any = None,
-        method: str = "",
-        server_name: Optional[str] = None,
-        attempts: int = 1,
-    ) -> None:
-        self.status = status
-        self.reason = reason
-        self.headers = headers
-        self._body = body
-        self.url = url
-        self.method = method
-        self.server_name = server_name
-        self.attempts = attempts
-        self._cookies: Optional[SimpleCookie] = None
-
-    @classmethod
-    def from_httpx(cls, response: httpx.Response, url: Any = None, method: str = "") -> "ServerResponse":
-        """Wrap a read `httpx.Response` (the `httpx` transport, or a transport a test passed in)."""
-        from multidict import CIMultiDict, CIMultiDictProxy
-
-        headers = CIMultiDictProxy(CIMultiDict(response.headers.multi_items()))
-        return cls(response.status_code, response.reason_phrase, headers, response.content, url, method)
-
-    # -- without awaiting -----------------------------------------------------------------------------------
-
-    @property
-    def status_code(self) -> int:
-        return self.status
-
-    @property
-    def reason_phrase(self) -> str:
-        return self.reason or ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status < 400
-
-    @property
-    def content(self) -> bytes:
-        return self._body
-
-    @property
-    def body(self) -> bytes:
-        return self._body
-
-    @property
-    def real_url(self) -> Any:
-        return self.url
-
-    @property
-    def history(self) -> tuple:
-        return ()
-
-    @property
-    def content_type(self) -> str:
-        value = self.headers.get("content-type") or "application/octet-stream"
-        return value.partition(";")[0].strip().lower()
-
-    @property
-    def charset(self) -> Optional[str]:
-        _, _, params = (self.headers.get("content-type") or "").partition(";")
-        for param in params.split(";"):
-            key, _, value = param.partition("=")
-            if key.strip().lower() == "charset":
-                return value.strip().strip('"') or None
-        return None
-
-    @property
-    def cookies(self) -> SimpleCookie:
-        if self._cookies is None:
-            jar: SimpleCookie = SimpleCookie()
-            for header in self.headers.getall("set-cookie", ()):
-                try:
-                    jar.load(header)
-                except Exception:  # a malformed Set-Cookie is skipped, as aiohttp does
-                    continue
-            self._cookies = jar
-        return self._cookies
-
-    @property
-    def request_info(self) -> Any:
-        return _request_info(self.url, self.method)
-
-    def get_encoding(self) -> str:
-        return self.charset or "utf-8"
-
-    def raise_for_status(self) -> None:
-        if self.status >= 400:
-            raise _http_error(self, self._body)
-
-    def release(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    # -- awaited, as in aiohttp -----------------------------------------------------------------------------
-
-    async def read(self) -> bytes:
-        return self._body
-
-    async def text(self, encoding: Optional[str] = None, errors: str = "strict") -> str:
-        return self._body.decode(encoding or self.get_encoding(), errors)
-
-    async def json(self, *, encoding: Optional[str] = None, loads: Any = None, content_type: Any = None) -> Any:
-        """The body parsed as JSON (orjson unless `loads` is given); an empty body is None, as in aiohttp. The
-        content type is not checked (`content_type` is accepted for compatibility)."""
-        body = self._body
-        if not body.strip():
-            return None
-        if loads is not None:
-            return loads(body.decode(encoding or self.get_encoding()))
-        return orjson.loads(body)
-
-    async def __aenter__(self) -> "ServerResponse":
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        pass
-
-    def __repr__(self) -> str:
-        return f"<ServerResponse({self.url}) [{self.status} {self.reason or ''}]>"
-
-
-def _status_of(response: Any) -> int:
-    status = getattr(response, "status", None)
-    if not isinstance(status, int):
-        status = getattr(response, "status_code", 0)
-    return int(status)
-
-
-async def _read_body(response: Any) -> bytes:
-    """The body of a ServerResponse, an `aiohttp.ClientResponse`, an `httpx.Response` or any response with
-    `.content` bytes (e.g. an `httpx2.Response` from starlette's TestClient)."""
-    if isinstance(response, ServerResponse):
-        return response._body
-    if isinstance(response, httpx.Response):
-        try:
-            return response.content
-        except httpx.ResponseNotRead:
-            return await response.aread()
-    if not isinstance(response, aiohttp.ClientResponse):
-        content = getattr(response, "content", None)
-        if isinstance(content, (bytes, bytearray)):
-            return bytes(content)
-    body = response.read()  # aiohttp.ClientResponse (reads once, then serves the cached body)
-    return await body if inspect.isawaitable(body) else body
-
-
-def _attr(obj: Any, name: str, kind: Any, default: Any = None) -> Any:
-    """`obj.name` when it is of `kind`, else `default` (test doubles answer every attribute with a mock)."""
-    value = getattr(obj, name, None)
-    return value if isinstance(value, kind) else default
-
-
-def _http_error(response: Any, body: bytes) -> NeMoGymHTTPError:
-    text = body.decode("utf-8", errors="replace") if isinstance(body, (bytes, bytearray)) else str(body)
-    status = _status_of(response)
-    server_name = _attr(response, "server_name", str)
-    attempts = _attr(response, "attempts", int)
-    if isinstance(response, httpx.Response):
-        request = response._request  # None for hand-built responses
-        method, url = (request.method, request.url) if request is not None else ("", None)
-        reason = response.reason_phrase
-    else:
-        method, url = _attr(response, "method", str, ""), _attr(response, "url", (str, URL))
-        reason = _attr(response, "reason", str, "")
-    where = f"{method} {url}" if method and url is not None else "request"
-    if server_name:
-        where += f" (server `{server_name}`)"
-    tries = f" after {attempts} attempts" if attempts and attempts > 1 else ""
-    preview = text if len(text) <= 2000 else text[:2000] + "...[truncated]"
-    message = f"{where} failed with HTTP {status} {reason}{tries}: {preview}"
-    return NeMoGymHTTPError(
-        message,
-        response=response,
-        response_content=text,
-        server_name=server_name,
-        attempts=attempts,
-        status=status,
-        method=method,
-        url=url,
-    )
-
-
-async def raise_for_status(response: Any) -> None:
-    """Raise `NeMoGymHTTPError` (body text attached as `response_content`) unless `response.ok` (else: the status
-    is below 400); the body is read first. Takes a
-    `ServerResponse`, an `aiohttp.ClientResponse` or an `httpx.Response`."""
-    ok = getattr(response, "ok", None)  # v0.5 reads `.ok` (aiohttp's and ours); httpx has none
-    if not isinstance(ok, bool):
-        ok = _status_of(response) < 400
-    if ok:
-        return
-    raise _http_error(response, await _read_body(response))
-
-
-async def get_response_json(response: Any) -> Any:
-    """Parse the body as JSON with orjson (`ServerResponse`, `aiohttp.ClientResponse` or `httpx.Response`)."""
-    return orjson.loads(await _read_body(response))
-
-
-# --------------------------------------------------------------------------------------------------------
-# Body and cookie encoding
-
-
-def _orjson_default(obj: Any) -> Any:
-    dump = getattr(obj, "model_dump", None)
-    if dump is not None:
-        return dump(mode="json", exclude_unset=True)
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(obj, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(obj, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
-    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
-
-
-_ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
-
-
-def encode_json_body(obj: Any) -> bytes:
-    """Bytes of a JSON body: pydantic models with `exclude_unset=True`, everything else with orjson."""
-    dump_json = getattr(obj, "model_dump_json", None)
-    if dump_json is not None and not isinstance(obj, type):
-        return dump_json(exclude_unset=True).encode()
-    return orjson.dumps(obj, default=_orjson_default, option=_ORJSON_OPTS)
-
-
-CookiesLike = Union[Mapping[str, Any], httpx.Cookies, SimpleCookie, None]
-
-
-def encode_cookie_header(cookies: CookiesLike) -> Optional[str]:
-    """One `Cookie` header value from a dict, `httpx.Cookies` or `SimpleCookie` (domains ignored: the
-    caller decided to send them)."""
-    if not cookies:
-        return None
-    if isinstance(getattr(cookies, "jar", None), http.cookiejar.CookieJar):  # httpx.Cookies, httpx2.Cookies
-        pairs = [f"{c.name}={c.value}" for c in cookies.jar]
-    elif isinstance(cookies, SimpleCookie):
-        pairs = [f"{name}={morsel.coded_value}" for name, morsel in cookies.items()]
-    else:
-        pairs = []
-        for name, value in cookies.items():
-            coded = getattr(value, "coded_value", None)  # a Morsel
-            pairs.append(f"{name}={coded if coded is not None else value}")
-    return "; ".join(pairs) if pairs else None
-
-
-class _NullCookieJar(http.cookiejar.CookieJar):
-    """A cookie jar that never stores anything (for the shared `httpx.AsyncClient`)."""
-
-    def set_cookie(self, cookie):  # noqa: D401
-        return None
-
-    def extract_cookies(self, response, request):
-        return None
-
-    def add_cookie_header(self, request):
-        return None
-
-
-# --------------------------------------------------------------------------------------------------------
-# The shared transport (one per event loop per process)
-
-
-def _transport_name(cfg: Any) -> str:
-    name = config_get(cfg, TRANSPORT_CONFIG_KEY) or os.environ.get(TRANSPORT_ENV_VAR) or DEFAULT_TRANSPORT
-    name = str(name).strip().lower()
-    if name not in TRANSPORTS:
-        raise ValueError(
-            f"Unknown {TRANSPORT_CONFIG_KEY} / {TRANSPORT_ENV_VAR} value {name!r}; expected one of {TRANSPORTS}."
-        )
-    return name
-
-
-def _remap_aiohttp_error(exc: BaseException, request: Any) -> Optional[httpx.TransportError]:
-    """The httpx exception type that says the same as an aiohttp error (its `__cause__`), so callers and
-    messages see one family of transport errors whichever transport ran. None if `exc` is not aiohttp's."""
-    cause = exc if isinstance(exc, aiohttp.ClientError) else exc.__cause__
-    if not isinstance(cause, (aiohttp.ClientError, asyncio.TimeoutError)):
-        return None
-    text = str(cause) or type(cause).__name__
-    if isinstance(cause, asyncio.TimeoutError):
-        if isinstance(cause, aiohttp.ConnectionTimeoutError):
-            new: httpx.TransportError = httpx.ConnectTimeout(text)
-        else:
-            new = httpx.ReadTimeout(text)
-    elif isinstance(cause, aiohttp.ClientConnectorError):
-        new = httpx.ConnectError(text)
-    elif isinstance(cause, aiohttp.ServerDisconnectedError):
-        new = httpx.RemoteProtocolError(text if "disconnect" in text.lower() else f"Server disconnected: {text}")
-    elif isinstance(cause, (aiohttp.ClientPayloadError, aiohttp.ClientOSError)):
-        new = httpx.ReadError(text)
-    elif isinstance(cause, (aiohttp.ClientResponseError, aiohttp.ClientConnectionError)):
-        new = httpx.RemoteProtocolError(text)
-    else:
-        return None
-    if isinstance(request, httpx.Request):
-        new.request = request
-    new.__cause__ = cause
-    return new
-
-
-_client_timeouts: dict[tuple, aiohttp.ClientTimeout] = {}
-
-
-def _client_timeout(timeout: Mapping[str, Any]) -> aiohttp.ClientTimeout:
-    """aiohttp's timeout for an httpx-style timeout dict: pool -> `connect` (waiting for a pooled connection
-    included), connect -> `sock_connect`, read -> `sock_read`; no total."""
-    key = (timeout.get("connect"), timeout.get("read"), timeout.get("pool"))
-    value = _client_timeouts.get(key)
-    if value is None:
-        value = aiohttp.ClientTimeout(total=None, connect=key[2], sock_connect=key[0], sock_read=key[1])
-        if len(_client_timeouts) < 256:
-            _client_timeouts[key] = value
-    return value
-
-
-def _new_session(limit: int, limit_per_host: int) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=limit, limit_per_host=limit_per_host),
-        cookie_jar=aiohttp.DummyCookieJar(),  # cookies are explicit per call, never stored
-        timeout=aiohttp.ClientTimeout(total=None),
-        # Local traffic: no compression negotiation, no User-Agent.
-        skip_auto_headers=("Accept-Encoding", "User-Agent"),
-    )
-
-
-async def aiohttp_exchange(
-    session: aiohttp.ClientSession, method: str, url: Any, *, request: Any = None, **kwargs: Any
-) -> tuple[aiohttp.ClientResponse, bytes]:
-    """One request through `session` (no redirects), read whole; an aiohttp error is raised as the httpx error
-    that says the same (`request`, an `httpx.Request`, is attached to it when given)."""
-    try:
-        resp = await session.request(method, url, allow_redirects=False, **kwargs)
-        try:
-            body = await resp.read()
-        finally:
-            resp.release()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        new = _remap_aiohttp_error(exc, request)
-        if new is None:
-            raise
-        raise new from exc
-    return resp, body
-
-
-class AiohttpTransport(httpx.AsyncBaseTransport):
-    """An httpx transport that sends with one `aiohttp.ClientSession` (aiohttp's public API only), so httpx
-    clients (`NeMoGymAsyncOpenAI`, the vLLM model server) share the process's connector. Bodies are read whole;
-    aiohttp errors are raised as the httpx exception saying the same thing (the aiohttp error as `__cause__`)."""
-
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self.session = session
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        try:
-            body = request.content
-        except httpx.RequestNotRead:
-            body = await request.aread()
-        resp, content = await aiohttp_exchange(
-            self.session,
-            request.method,
-            str(request.url),
-            request=request,
-            headers=request.headers.multi_items(),
-            data=body or None,
-            auto_decompress=False,  # httpx decodes Content-Encoding itself
-            compress=False,
-            timeout=_client_timeout(request.extensions.get("timeout") or {}),
-        )
-        extensions: dict[str, Any] = {"http_version": b"HTTP/1.1"}
-        if resp.reason:
-            extensions["reason_phrase"] = resp.reason.encode()
-        return httpx.Response(
-            resp.status, headers=resp.raw_headers, stream=httpx.ByteStream(content), request=request,
-            extensions=extensions,
-        )
-
-    async def aclose(self) -> None:
-        await self.session.close()
-
-
-def _make_httpx_transport(limit: int, limit_per_host: int) -> httpx.AsyncBaseTransport:
-    # httpcore has one pool for all hosts: size it so requests never wait in its (quadratic) queue.
-    return httpx.AsyncHTTPTransport(
-        limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit_per_host),
-        trust_env=False,
-    )
-
-
-def build_transport(
-    name: str = DEFAULT_TRANSPORT,
-    limit: int = DEFAULT_CONNECTOR_LIMIT,
-    limit_per_host: int = DEFAULT_CONNECTOR_LIMIT_PER_HOST,
-) -> httpx.AsyncBaseTransport:
-    """A new httpx transport of the kind the shared client uses (`aiohttp`: an `AiohttpTransport` over a new
-    session; `httpx`: an httpcore pool). Call inside a running loop."""
-    if name in ("aiohttp", "lean"):
-        return AiohttpTransport(_new_session(limit, limit_per_host))
-    if name == "httpx":
-        return _make_httpx_transport(limit, limit_per_host)
-    raise ValueError(f"Unknown transport {name!r}; expected one of {TRANSPORTS}.")
-
-
-@dataclass(eq=False)
-class _LoopState:
-    loop: asyncio.AbstractEventLoop
-    transport: httpx.AsyncBaseTransport
-    transport_name: str
-    # The aiohttp session ServerClient sends with directly; None with the `httpx` transport.
-    session: Optional[aiohttp.ClientSession] = None
-    # ServerClient's plain-http calls with the `lean` transport (the default).
-    lean: Optional[LeanClient] = None
-    debug: bool = False
-    client: Optional[httpx.AsyncClient] = None
-    closer: Any = None
-    closed: bool = False
-
-    async def aclose(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            if self.lean is not None:
-                await self.lean.aclose()
-            if self.client is not None:
-                await self.client.aclose()  # closes the transport too
-            else:
-                await self.transport.aclose()
-        except Exception:  # pragma: no cover - best effort at shutdown
-            logger.debug("closing the shared HTTP transport failed", exc_info=True)
-
-
-_states: dict[int, _LoopState] = {}
-_states_lock = threading.Lock()
-_last_state: Optional[_LoopState] = None
-
-
-async def _closer_gen(state: _LoopState) -> AsyncIterator[None]:
-    # Registered with the loop's async-generator hooks; `loop.shutdown_asyncgens()` (asyncio.run, uvicorn,
-    # pytest-asyncio runners) closes it, which closes the transport while the loop can still run I/O.
-    try:
-        yield
-    finally:
-        await state.aclose()
-        with _states_lock:
-            if _states.get(id(state.loop)) is state:
-                del _states[id(state.loop)]
-
-
-def _get_state(cfg: Any = None) -> _LoopState:
-    global _last_state
-    loop = asyncio.get_running_loop()
-    state = _last_state
-    if state is not None and state.loop is loop and not state.closed:
-        return state
-    with _states_lock:
-        state = _states.get(id(loop))
-        if state is not None and (state.loop is not loop or state.closed):
-            state = None
-        if state is None:
-            for key, other in list(_states.items()):  # forget loops that are gone
-                if other.loop.is_closed() or other.closed:
-                    del _states[key]
-            name = _transport_name(cfg)
-            limit = int(config_get(cfg, "global_aiohttp_connector_limit", DEFAULT_CONNECTOR_LIMIT))
-            per_host = int(
-                config_get(cfg, "global_aiohttp_connector_limit_per_host", DEFAULT_CONNECTOR_LIMIT_PER_HOST)
-            )
-            transport = build_transport(name, limit, per_host)
-            state = _LoopState(
-                loop=loop,
-                transport=transport,
-                transport_name=name,
-                session=transport.session if isinstance(transport, AiohttpTransport) else None,
-                lean=LeanClient(per_host) if name == "lean" else None,
-                debug=bool(config_get(cfg, "global_aiohttp_client_request_debug", False)),
-            )
-            # Start the closer generator synchronously up to its `yield` (it awaits nothing before it);
-            # `__anext__()` registers it with the running loop's firstiter hook.
-            closer = _closer_gen(state)
-            step = closer.__anext__()
-            try:
-                step.send(None)
-            except StopIteration:
-                pass
-            state.closer = closer
-            _states[id(loop)] = state
-        _last_state = state
-    return state
-
-
-async def get_global_transport(global_config_dict: Any = None) -> httpx.AsyncBaseTransport:
-    """The shared transport of the running event loop (created on first use)."""
-    return _get_state(global_config_dict).transport
-
-
-async def get_global_client(global_config_dict: Any = None) -> httpx.AsyncClient:
-    """An `httpx.AsyncClient` over the shared transport (never stores cookies, no client timeout beyond
-    connect 10 s). For ad-hoc calls to URLs that are not servers of the config."""
-    state = _get_state(global_config_dict)
-    if state.client is None:
-        state.client = httpx.AsyncClient(
-            transport=state.transport,
-            cookies=_NullCookieJar(),  # kept as the jar itself (a Cookies would be copied into a real jar)
-            timeout=DEFAULT_TIMEOUT,
-            follow_redirects=False,
-            trust_env=False,
-        )
-    return state.client
-
-
-async def close_global_client() -> None:
-    """Close the running loop's shared transport/client (a later request creates a fresh one)."""
-    global _last_state
-    loop = asyncio.get_running_loop()
-    with _states_lock:
-        state = _states.pop(id(loop), None)
-        if _last_state is state:
-            _last_state = None
-    if state is None or state.loop is not loop:
-        return
-    closer = state.closer
-    state.closer = None
-    if closer is not None:
-        await closer.aclose()  # runs the generator's finally -> state.aclose()
-    await state.aclose()
-
-
-def _close_all_at_exit() -> None:
-    with _states_lock:
-        states = list(_states.values())
-        _states.clear()
-    for state in states:
-        loop = state.loop
-        if state.closed or loop.is_closed() or loop.is_running():
-            continue
-        try:
-            loop.run_until_complete(state.aclose())
-        except Exception:  # pragma: no cover
-            pass
-
-
-atexit.register(_close_all_at_exit)
-
-
-# --------------------------------------------------------------------------------------------------------
-# ServerClient
+# Helpers of ServerClient
 
 
 def _get_field(obj: Any, name: str) -> Any:
@@ -817,135 +214,6 @@ def _coerce_timeout(timeout: Any) -> dict:
     return httpx.Timeout(timeout).as_dict()
 
 
-# A replica that refused or dropped a connection is not chosen for this long (unless all are out).
-REPLICA_DOWN_S = 2.0
-# Ray actor replicas: re-read their addresses from the head server at most this often while one is out.
-REPLICA_REFRESH_S = 0.5
-# Errors after which a replica counts as gone (its process died or is restarting).
-_REPLICA_GONE_ERRORS: tuple[type[BaseException], ...] = (
-    httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError,
-    aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
-)
-
-
-class Replicas:
-    """The replicas of one server (a block with several `replica_ports`, or Ray actors) as one `ServerClient`
-    sees them: their base URLs (None: a Ray actor replica with no address now), this client's requests in flight
-    to each, which are out for a moment, and how a call picks one (`choose`)."""
-
-    __slots__ = ("bases", "in_flight", "suffix", "_next", "_urls", "_sticky", "down_until", "dynamic", "refreshed_at")
-
-    def __init__(self, server_name: str, bases: list[Optional[str]], *, dynamic: bool = False) -> None:
-        self.bases = bases
-        self.in_flight = [0] * len(bases)
-        self.suffix = "___" + str(server_name)  # the end of this server's session cookie name
-        self._next = 0
-        self._urls: list[dict[str, URL]] = [{} for _ in bases]
-        self._sticky: dict[Any, Optional[int]] = {}  # cookie value -> replica in its payload (bounded)
-        self.down_until = [0.0] * len(bases)
-        self.dynamic = dynamic  # addresses come from the head server (Ray actors)
-        self.refreshed_at = 0.0
-
-    def __len__(self) -> int:
-        return len(self.bases)
-
-    def _out(self, i: int, now: float) -> bool:
-        return self.bases[i] is None or self.down_until[i] > now
-
-    def least_loaded(self) -> int:
-        """The replica with the fewest requests in flight from this client; among equals, the first after the
-        one chosen last, so ties go round-robin. Replicas that are out (no address, or failed a moment ago) are
-        skipped while another is in."""
-        in_flight = self.in_flight
-        n = len(in_flight)
-        best = start = self._next
-        if self.dynamic or any(self.down_until):  # the slower path: some replica may be out
-            now = _monotonic()
-            best_key = (self._out(start, now), in_flight[start])
-            for k in range(1, n):
-                i = start + k if start + k < n else start + k - n
-                key = (self._out(i, now), in_flight[i])
-                if key < best_key:
-                    best, best_key = i, key
-            if self.bases[best] is None:  # no replica has an address: any with one, else this one
-                best = next((i for i in range(n) if self.bases[i] is not None), best)
-        else:
-            best_load = in_flight[start]
-            for k in range(1, n):
-                i = start + k
-                if i >= n:
-                    i -= n
-                if in_flight[i] < best_load:
-                    best, best_load = i, in_flight[i]
-        self._next = best + 1 if best + 1 < n else 0
-        return best
-
-    def mark_down(self, replica: int) -> None:
-        self.down_until[replica] = _monotonic() + REPLICA_DOWN_S
-
-    def stale(self) -> bool:
-        """A Ray actor replica is out and its address was not re-read for a moment."""
-        if not self.dynamic:
-            return False
-        now = _monotonic()
-        return now - self.refreshed_at > REPLICA_REFRESH_S and any(self._out(i, now) for i in range(len(self.bases)))
-
-    def update(self, bases: list[Optional[str]]) -> None:
-        """New addresses (from the head server): a replica at a new address is in again."""
-        self.refreshed_at = _monotonic()
-        for i, base in enumerate(bases[: len(self.bases)]):
-            if base != self.bases[i]:
-                self.bases[i] = base
-                self._urls[i] = {}
-                self.down_until[i] = 0.0
-
-    def pinned(self, cookies: CookiesLike) -> Optional[int]:
-        """The replica named by this server's session cookie among `cookies`, or None (no such cookie, or one
-        without a usable `_replica`)."""
-        suffix = self.suffix
-        if isinstance(cookies, httpx.Cookies):
-            pairs: Any = ((c.name, c.value) for c in cookies.jar)
-        elif hasattr(cookies, "items"):
-            pairs = cookies.items()
-        else:
-            return None
-        for name, value in pairs:
-            if not isinstance(name, str) or not name.endswith(suffix):
-                continue
-            key = value if isinstance(value, (str, bytes)) else getattr(value, "value", None)
-            replica = self._sticky.get(key, -1) if key is not None else -1
-            if replica == -1:
-                replica = replica_of_cookie(value)
-                if key is not None:
-                    if len(self._sticky) >= 4096:
-                        self._sticky.clear()
-                    self._sticky[key] = replica
-            if replica is not None and replica < len(self.bases):
-                return replica
-        return None
-
-    def choose(self, cookies: CookiesLike) -> int:
-        """The replica a call goes to: the one its session cookie pins, else the least loaded."""
-        if cookies:
-            replica = self.pinned(cookies)
-            if replica is not None:
-                return replica
-        return self.least_loaded()
-
-    def url(self, replica: int, url_path: str) -> URL:
-        urls = self._urls[replica]
-        url = urls.get(url_path)
-        if url is None:
-            path = url_path if not url_path or url_path.startswith("/") else "/" + url_path
-            base = self.bases[replica]
-            if base is None:  # a Ray actor replica without an address (restarting): a refused connection
-                base = "http://127.0.0.1:1"
-            url = URL(base + path)
-            if len(urls) >= 4096:
-                urls.clear()
-            urls[url_path] = url
-        return url
-
 
 def _head_base_url(head: Any) -> str:
     """`http://host:port` of the head server described by `head` (`host`/`port` as attributes or keys; default
@@ -956,6 +224,129 @@ def _head_base_url(head: Any) -> str:
         host = "127.0.0.1"
     host = f"[{host}]" if ":" in str(host) and not str(host).startswith("[") else host
     return f"http://{host}:{int(port)}"
+
+
+def _request_body(json: Any, content: Union[bytes, str, None], data: Union[bytes, str, None]) -> Optional[bytes]:
+    """The bytes a call sends: `json` encoded (`encode_json_body`), else `content` or `data` (str as UTF-8)."""
+    if json is not None:
+        return encode_json_body(json)
+    raw = content if content is not None else data
+    return raw.encode() if isinstance(raw, str) else raw
+
+
+def _request_headers(json: Any, headers: Optional[Mapping[str, str]], cookies: CookiesLike) -> dict[str, str]:
+    """A call's headers: JSON's content type (with `json`), the caller's `headers`, its `cookies` as one header."""
+    header_map = dict(_JSON_HEADERS) if json is not None else {}
+    if headers:
+        header_map.update(headers)
+    if cookies:
+        cookie_header = encode_cookie_header(cookies)
+        if cookie_header:
+            header_map["Cookie"] = cookie_header
+    return header_map
+
+
+# --------------------------------------------------------------------------------------------------------
+# One call's sender: what each attempt sends, by transport (the retry policy calls it)
+
+
+class _Send:
+    """One `ServerClient.request` call: the request each attempt sends (`__call__`, per transport in the
+    subclasses) and its name in log lines (`label`). `replica` is -1 unless the server has several replicas;
+    then `failover` is what the retry policy calls (the fields after `replica` serve it)."""
+
+    __slots__ = (
+        "server_name", "method", "url", "headers", "body", "debug", "replica",
+        "client", "replicas", "cookies", "url_path",
+    )
+
+    def __init__(
+        self, server_name: str, method: str, url: URL, headers: dict, body: Optional[bytes], debug: bool
+    ) -> None:
+        self.server_name = server_name
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.body = body
+        self.debug = debug
+        self.replica = -1
+
+    async def __call__(self) -> ServerResponse:  # pragma: no cover - every subclass sends
+        raise NotImplementedError
+
+    def label(self) -> str:
+        replica = self.replica
+        where = f"{self.method} {self.url} (server `{self.server_name}`"
+        return where + (f", replica {replica})" if replica >= 0 else ")")
+
+    async def failover(self) -> ServerResponse:
+        """Send to the chosen replica. One that refused or dropped the connection is out for a moment, and a
+        retry goes to the replica chosen again (the same one when the session cookie pins it, at its new
+        address)."""
+        try:
+            return await self()
+        except _REPLICA_GONE_ERRORS:
+            replicas = self.replicas
+            replicas.mark_down(self.replica)
+            if replicas.dynamic:
+                await self.client._refresh_actor_replicas(self.server_name, replicas)
+            replicas.in_flight[self.replica] -= 1
+            self.replica = replica = replicas.choose(self.cookies)
+            replicas.in_flight[replica] += 1
+            self.url = replicas.url(replica, self.url_path)
+            raise
+
+
+class _LeanSend(_Send):
+    """Through the lean client (plain-http calls, the default transport)."""
+
+    __slots__ = ("lean", "timeout")
+
+    async def __call__(self) -> ServerResponse:
+        url, method = self.url, self.method
+        answer = await self.lean.request(
+            method, url.host, url.port, url.raw_path_qs, self.headers, self.body, self.timeout
+        )
+        return ServerResponse(answer.status, answer.reason, answer.headers, answer.body, url, method, self.server_name)
+
+
+class _AiohttpSend(_Send):
+    """Through the shared aiohttp session directly."""
+
+    __slots__ = ("session", "params", "timeout", "max_body")
+
+    async def __call__(self) -> ServerResponse:
+        method = self.method
+        resp = await self.session.request(
+            method, self.url, data=self.body, headers=self.headers, params=self.params, timeout=self.timeout,
+            allow_redirects=False,
+        )
+        try:
+            content = await read_aiohttp_body(resp, self.max_body, method)
+        finally:
+            resp.release()
+        return ServerResponse(resp.status, resp.reason, resp.headers, content, resp.url, method, self.server_name)
+
+
+class _HttpxSend(_Send):
+    """Through an httpx transport (`http_client_transport: httpx`, or one passed to the client)."""
+
+    __slots__ = ("transport", "params", "timeout", "max_body")
+
+    async def __call__(self) -> ServerResponse:
+        method = self.method
+        request = httpx.Request(
+            method, str(self.url), params=self.params, headers=self.headers, content=self.body,
+            extensions={"timeout": self.timeout},
+        )
+        response = await self.transport.handle_async_request(request)
+        try:
+            body = await read_httpx_body(response, self.max_body, request.url, method)
+        finally:
+            await response.aclose()
+        wrapped = ServerResponse.from_httpx(response, URL(str(request.url)), method, body)
+        wrapped.server_name = self.server_name
+        return wrapped
 
 
 class ServerClient(RetryingClient):
@@ -991,6 +382,8 @@ class ServerClient(RetryingClient):
         self._client_timeout = _client_timeout(self._timeout_dict)
         # A transport of your own (tests: httpx.MockTransport; benchmarks); None = the shared one per loop.
         self._transport = transport
+        # The cap on response bodies read through `transport` (the shared transports read their loop's own).
+        self._max_body = max_response_body_bytes(global_config_dict)
         # `observability_enabled: true`: calls made for a rollout carry its id (`_rollout_url_path`). True until the
         # config is read, then the flag itself, so with observability off a request pays one attribute check.
         self._rollout_prefixing = True
@@ -1012,6 +405,7 @@ class ServerClient(RetryingClient):
     @global_config_dict.setter
     def global_config_dict(self, value: Any) -> None:
         self._global_config_dict = value
+        self._max_body = max_response_body_bytes(value)
         self._base_urls.clear()
         self._urls.clear()
         self._replicas.clear()
@@ -1244,132 +638,101 @@ class ServerClient(RetryingClient):
             url_path = self._rollout_url_path(server_name, url_path, json)
         url = self._urls.get((server_name, url_path))
         if url is None:
-            url = self._build_url(server_name, url_path)
-        replicas = self._replicas.get(server_name) if self._replicas else None
-        replica = -1
-        if replicas is not None:  # several processes serve it: the session's one, else the least loaded
-            if replicas.dynamic and replicas.stale():
-                await self._refresh_actor_replicas(server_name, replicas)
-            replica = replicas.choose(cookies)
-            url = replicas.url(replica, url_path)
-
-        header_map: dict[str, str] = {}
-        body: Optional[bytes] = None
-        if json is not None:
-            body = encode_json_body(json)
-            header_map.update(_JSON_HEADERS)
-        elif content is not None or data is not None:
-            raw = content if content is not None else data
-            body = raw.encode() if isinstance(raw, str) else raw
-        if headers:
-            header_map.update(headers)
-        if cookies:
-            cookie_header = encode_cookie_header(cookies)
-            if cookie_header:
-                header_map["Cookie"] = cookie_header
-
-        timeout_override = None if timeout is _NO_TIMEOUT_OVERRIDE else _coerce_timeout(timeout)
-        session: Optional[aiohttp.ClientSession] = None
-        lean: Optional[LeanClient] = None
-        if self._transport is not None:
-            transport, debug = self._transport, False
-        else:
-            state = _get_state(self._global_config_dict)
-            transport, session, lean, debug = state.transport, state.session, state.lean, state.debug
+            url = self._build_url(server_name, url_path)  # also learns whether the server has replicas
+        send = self._sender(
+            server_name, method, url, _request_headers(json, headers, cookies), _request_body(json, content, data),
+            params, timeout,
+        )
         if idempotent is None:
             idempotent = is_idempotent_method(method)
-
-        if lean is not None and params is None and url.scheme == "http" and method != "HEAD":  # the default
-            lean_timeout = self._timeout_dict if timeout_override is None else timeout_override
-            host, port, target = url.host, url.port, url.raw_path_qs
-
-            async def send() -> ServerResponse:
-                answer = await lean.request(method, host, port, target, header_map, body, lean_timeout)
-                return ServerResponse(answer.status, answer.reason, answer.headers, answer.body, url, method, server_name)
-
-        elif session is not None:  # aiohttp directly
-            client_timeout = self._client_timeout if timeout_override is None else _client_timeout(timeout_override)
-
-            async def send() -> ServerResponse:
-                resp = await session.request(
-                    method, url, data=body, headers=header_map, params=params, timeout=client_timeout,
-                    allow_redirects=False,
-                )
-                try:
-                    content = await resp.read()
-                finally:
-                    resp.release()
-                return ServerResponse(resp.status, resp.reason, resp.headers, content, resp.url, method, server_name)
-
-        else:  # an httpx transport (`http_client_transport: httpx`, or one passed in)
-
-            async def send() -> ServerResponse:
-                request = httpx.Request(
-                    method, str(url), params=params, headers=header_map, content=body,
-                    extensions={"timeout": timeout_override or self._timeout_dict},
-                )
-                response = await transport.handle_async_request(request)
-                try:
-                    await response.aread()
-                finally:
-                    await response.aclose()
-                wrapped = ServerResponse.from_httpx(response, URL(str(request.url)), method)
-                wrapped.server_name = server_name
-                return wrapped
-
-        if replica >= 0:
-            replicas.in_flight[replica] += 1
-            send_once = send
-
-            async def send() -> ServerResponse:  # noqa: F811 - failover around the chosen transport's send
-                """A replica that refused or dropped the connection is out for a moment, and a retry goes to the
-                replica chosen again (the same one when the session cookie pins it, at its new address)."""
-                nonlocal replica, url, host, port, target
-                try:
-                    return await send_once()
-                except _REPLICA_GONE_ERRORS:
-                    replicas.mark_down(replica)
-                    if replicas.dynamic:
-                        await self._refresh_actor_replicas(server_name, replicas)
-                    replicas.in_flight[replica] -= 1
-                    replica = replicas.choose(cookies)
-                    replicas.in_flight[replica] += 1
-                    url = replicas.url(replica, url_path)
-                    host, port, target = url.host, url.port, url.raw_path_qs
-                    raise
-
-        try:
+        replicas = self._replicas.get(server_name) if self._replicas else None
+        if replicas is None:
             outcome = await self.retry_policy.run(
-                send,
-                idempotent=idempotent,
-                label=lambda: f"{method} {url} (server `{server_name}`"
-                + (f", replica {replica})" if replica >= 0 else ")"),
-                max_attempts=max_attempts,
+                send, idempotent=idempotent, label=send.label, max_attempts=max_attempts
             )
-        finally:
-            if replica >= 0:
-                replicas.in_flight[replica] -= 1
-        attempt = outcome.attempts
+        else:  # several processes serve it: the session's one, else the least loaded
+            outcome = await self._run_on_replicas(send, replicas, url_path, cookies, idempotent, max_attempts)
         if outcome.error is not None:
-            error = outcome.error
-            if not isinstance(error, httpx.TransportError):
-                error = _remap_aiohttp_error(error, None) or error
-            if isinstance(error, httpx.TransportError):
-                raise self._final_error(error, server_name, method, url, attempt, debug) from outcome.error
-            raise error
+            self._raise_final(outcome.error, send, outcome.attempts)
         response = outcome.result
-        response.attempts = attempt
-        if debug and response.status >= 400:
+        response.attempts = outcome.attempts
+        if send.debug and response.status >= 400:
             logger.warning(
                 "%s %s (server `%s`) -> HTTP %s after %d attempt(s); request body: %r; response body: %r",
-                method, url, server_name, response.status, attempt, body, response.content,
+                method, send.url, server_name, response.status, outcome.attempts, send.body, response.content,
             )
         return response
+
+    def _sender(
+        self, server_name: str, method: str, url: URL, headers: dict, body: Optional[bytes], params: Any,
+        timeout: Any,
+    ) -> _Send:
+        """What sends this call: the lean client for plain-http calls without query parameters (the default
+        transport), else the shared aiohttp session, else an httpx transport (the client's own, or the shared one
+        under `http_client_transport: httpx`)."""
+        override = None if timeout is _NO_TIMEOUT_OVERRIDE else _coerce_timeout(timeout)
+        own = self._transport
+        if own is not None:
+            send: Any = _HttpxSend(server_name, method, url, headers, body, False)
+            send.transport, send.max_body = own, self._max_body
+        else:
+            state = _get_state(self._global_config_dict)
+            lean = state.lean
+            if lean is not None and params is None and url.scheme == "http" and method != "HEAD":
+                send = _LeanSend(server_name, method, url, headers, body, state.debug)
+                send.lean = lean
+                send.timeout = self._timeout_dict if override is None else override
+                return send
+            session = state.session
+            if session is not None:
+                send = _AiohttpSend(server_name, method, url, headers, body, state.debug)
+                send.session, send.params, send.max_body = session, params, state.max_body
+                send.timeout = self._client_timeout if override is None else _client_timeout(override)
+                return send
+            send = _HttpxSend(server_name, method, url, headers, body, state.debug)
+            send.transport, send.max_body = state.transport, state.max_body
+        send.params = params
+        send.timeout = override or self._timeout_dict
+        return send
+
+    async def _run_on_replicas(
+        self, send: _Send, replicas: Replicas, url_path: str, cookies: CookiesLike, idempotent: bool,
+        max_attempts: Optional[int],
+    ) -> Any:
+        """Run `send` on the replica its session cookie pins, else the least loaded, failing over to another
+        when one is gone (`_Send.failover`); counts this client's requests in flight to each."""
+        if replicas.dynamic and replicas.stale():
+            await self._refresh_actor_replicas(send.server_name, replicas)
+        send.replica = replica = replicas.choose(cookies)
+        send.url = replicas.url(replica, url_path)
+        send.client, send.replicas, send.cookies, send.url_path = self, replicas, cookies, url_path
+        replicas.in_flight[replica] += 1
+        try:
+            return await self.retry_policy.run(
+                send.failover, idempotent=idempotent, label=send.label, max_attempts=max_attempts
+            )
+        finally:
+            replicas.in_flight[send.replica] -= 1
+
+    def _raise_final(self, error: Exception, send: _Send, attempts: int) -> None:
+        """Raise the error of a call's last attempt: transport errors (aiohttp's as the httpx error saying the
+        same) with the server id, URL and attempt count in the message (`_final_error`); others as they are."""
+        final = error
+        if not isinstance(final, httpx.TransportError):
+            final = _remap_aiohttp_error(final, None) or final
+        if isinstance(final, httpx.TransportError):
+            raise self._final_error(final, send.server_name, send.method, send.url, attempts, send.debug) from error
+        raise error
 
     @staticmethod
     def _final_error(
         exc: httpx.TransportError, server_name: str, method: str, url: Any, attempts: int, debug: bool
     ) -> httpx.TransportError:
+        if isinstance(exc, ResponseTooLargeError):  # its own message: the size seen and the key to raise
+            new: httpx.TransportError = exc.named(method=method, url=url, server_name=server_name, attempts=attempts)
+            if debug:
+                logger.warning("%s", new, exc_info=exc)
+            return new
         detail = str(exc)
         tries = f"after {attempts} attempt{'s' if attempts != 1 else ''}"
         message = f"{method} {url} (server `{server_name}`) failed {tries}: {type(exc).__name__}"
@@ -1413,31 +776,6 @@ def _parse_config_body(body: bytes) -> Any:
     except ImportError:  # pragma: no cover
         return text
 
-
-# --------------------------------------------------------------------------------------------------------
-# Process-level helpers (NeMo Gym v0.5 `server_utils`; `nemo_gym.http.external` builds on the first two)
-
-
-def get_global_aiohttp_session(global_config_dict: Any = None) -> Optional[aiohttp.ClientSession]:
-    """The running event loop's shared aiohttp session (created on first use, sized from `global_config_dict`),
-    or None under the `httpx` transport, which has none. Call from async code."""
-    return _get_state(global_config_dict).session
-
-
-def close_idle_global_clients() -> None:
-    """Close the shared transports of event loops that are not running now (those of running loops are left to
-    `close_global_client()` on their loop)."""
-    with _states_lock:
-        idle = [s for s in _states.values() if not s.loop.is_running()]
-        for state in idle:
-            _states.pop(id(state.loop), None)
-    for state in idle:
-        if state.closed or state.loop.is_closed():
-            continue
-        try:
-            state.loop.run_until_complete(state.aclose())
-        except Exception:  # pragma: no cover - best effort
-            logger.debug("closing an idle shared transport failed", exc_info=True)
 
 
 def get_server_url(server_name: str) -> str:

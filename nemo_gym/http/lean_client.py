@@ -14,6 +14,10 @@ transport errors, the family `ServerClient` and the retry policy already speak: 
 `ConnectTimeout` (nothing was sent), `RemoteProtocolError` (the peer closed or sent garbage), `ReadError`,
 `ReadTimeout`. A request whose caller is cancelled closes its connection (its answer would otherwise arrive on
 the next request).
+
+A response body is read no further than `max_body` bytes (`http_client_max_response_body_bytes`, default 256 MiB):
+a `Content-Length` over it fails as soon as the header arrives, any other body as its bytes arrive; the
+connection is closed and `ResponseTooLargeError` raised (not retried).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from typing import Any, Mapping, Optional
 import httptools
 import httpx
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from nemo_gym.http.response import DEFAULT_MAX_RESPONSE_BODY_BYTES, ResponseTooLargeError
 
 __all__ = ["LeanClient", "LeanResponse"]
 
@@ -46,8 +52,9 @@ class LeanResponse:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection: sends one request at a time, parses the answer with httptools."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_body: int = DEFAULT_MAX_RESPONSE_BODY_BYTES) -> None:
         self.loop = loop
+        self.max_body = max_body
         self.transport: Optional[asyncio.Transport] = None
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: Optional[asyncio.Future] = None
@@ -56,6 +63,7 @@ class _Connection(asyncio.Protocol):
         self._reason = b""
         self._headers: list[tuple[str, str]] = []
         self._body: list[bytes] = []
+        self._size = 0  # body bytes of this answer so far
         self._got_bytes = False
 
     # -- asyncio.Protocol ----------------------------------------------------------------------------------
@@ -91,9 +99,16 @@ class _Connection(asyncio.Protocol):
         self._reason += status
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        # A declared body over the cap fails before any of it is read (len first: most names are not 14 long).
+        if len(name) == 14 and name.lower() == b"content-length" and value.isdigit() and int(value) > self.max_body:
+            self._too_large(int(value), True)
         self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_body(self, body: bytes) -> None:
+        size = self._size = self._size + len(body)
+        if size > self.max_body:
+            self._too_large(size, False)
+            return
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -117,8 +132,17 @@ class _Connection(asyncio.Protocol):
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(error)
 
+    def _too_large(self, size: int, declared: bool) -> None:
+        """The answer's body is over the cap: fail the exchange and close the connection (nothing more is read;
+        the rest of the answer must not reach the next request)."""
+        if self.closed:
+            return
+        self._body = []
+        self._fail(ResponseTooLargeError(size=size, limit=self.max_body, declared=declared))
+        self.close()
+
     async def exchange(self, data: bytes, read_timeout: Optional[float]) -> LeanResponse:
-        self._reason, self._headers, self._body, self._got_bytes = b"", [], [], False
+        self._reason, self._headers, self._body, self._size, self._got_bytes = b"", [], [], 0, False
         waiter = self.waiter = self.loop.create_future()
         self.transport.write(data)  # type: ignore[union-attr]
         if read_timeout is None:
@@ -153,10 +177,16 @@ class LeanClient:
     """Keep-alive HTTP/1.1 over asyncio for plain-`http` calls between our servers (see the module docstring).
     Bound to the event loop that created it."""
 
-    def __init__(self, limit_per_host: int = 1024, max_idle_s: float = DEFAULT_MAX_IDLE_S) -> None:
+    def __init__(
+        self,
+        limit_per_host: int = 1024,
+        max_idle_s: float = DEFAULT_MAX_IDLE_S,
+        max_body: int = DEFAULT_MAX_RESPONSE_BODY_BYTES,
+    ) -> None:
         self.loop = asyncio.get_running_loop()
         self.limit_per_host = limit_per_host
         self.max_idle_s = max_idle_s
+        self.max_body = max_body  # the cap on one response body (`ResponseTooLargeError` past it)
         self._peers: dict[tuple[str, int], _Peer] = {}
         self._open: set[_Connection] = set()
         self.closed = False
@@ -200,9 +230,11 @@ class LeanClient:
             connection = self._idle_connection(peer) or await self._connect(peer, timeout.get("connect"))
             try:
                 response = await connection.exchange(data, timeout.get("read"))
-            except BaseException:
+            except BaseException as exc:
                 connection.close()  # an unfinished exchange: its answer must not reach the next request
                 self._open.discard(connection)
+                if isinstance(exc, ResponseTooLargeError) and exc.url is None:  # name the request
+                    raise exc.named(method=method, url=f"http://{host}:{port}{target}", server_name=None, attempts=1)
                 raise
             if connection.closed:
                 self._open.discard(connection)
@@ -229,7 +261,7 @@ class LeanClient:
         loop = self.loop
         try:
             _, connection = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop), peer.host, peer.port), connect_timeout
+                loop.create_connection(lambda: _Connection(loop, self.max_body), peer.host, peer.port), connect_timeout
             )
         except asyncio.TimeoutError:
             raise httpx.ConnectTimeout(f"connecting to {peer.host}:{peer.port} took over {connect_timeout} s") from None

@@ -177,3 +177,81 @@ def test_a_peer_that_hangs_up_or_talks_garbage_is_a_remote_protocol_error(reply,
             server.close()
 
     run(go)
+
+
+# ------------------------------------------------------------------------- the cap on response bodies
+
+
+async def _raw_peer(reply: bytes, *, body_chunks: int = 0, chunk: bytes = b""):
+    """A peer that answers every request with `reply` then `body_chunks` x `chunk` (and keeps the connection open);
+    returns (server, port, sent) where `sent[0]` counts body bytes written."""
+    sent = [0]
+
+    async def handle(reader, writer):
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(reply)
+            for _ in range(body_chunks):
+                writer.write(chunk)
+                sent[0] += len(chunk)
+                await writer.drain()
+            await asyncio.sleep(30)  # never finishes on its own: the client must stop reading
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], sent
+
+
+def test_a_declared_body_over_the_cap_fails_before_any_of_it_is_read():
+    from nemo_gym.http.response import ResponseTooLargeError
+
+    async def main():
+        client = LeanClient(max_body=1000)
+        # Only the head is sent: were the client waiting for the body, this would hang (bounded by wait_for).
+        server, port, _ = await _raw_peer(b"HTTP/1.1 200 OK\r\nContent-Length: 5000000\r\n\r\n")
+        try:
+            with pytest.raises(ResponseTooLargeError) as info:
+                await asyncio.wait_for(client.request("GET", "127.0.0.1", port, "/big", {}, None, TIMEOUT), 20)
+            error = info.value
+            assert (error.size, error.limit, error.declared) == (5000000, 1000, True)
+            assert f"http://127.0.0.1:{port}/big" in str(error) and "http_client_max_response_body_bytes" in str(error)
+            assert not client._open  # its connection was closed
+        finally:
+            server.close()
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_chunked_body_over_the_cap_stops_being_read_there(server):
+    from nemo_gym.http.response import ResponseTooLargeError
+
+    async def main():
+        client = LeanClient(max_body=256 * 1024)
+        chunk = b"5000\r\n" + b"y" * 0x5000 + b"\r\n"  # 20 KiB chunks, forever (until the client hangs up)
+        peer, port, sent = await _raw_peer(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", body_chunks=2000, chunk=chunk
+        )
+        try:
+            with pytest.raises(ResponseTooLargeError) as info:
+                await asyncio.wait_for(client.request("GET", "127.0.0.1", port, "/stream", {}, None, TIMEOUT), 20)
+            error = info.value
+            assert error.declared is False and error.limit == 256 * 1024
+            assert 256 * 1024 < error.size <= 256 * 1024 + 256 * 1024  # stopped within one read of the cap
+            assert "at least" in str(error)
+            assert sent[0] < 2000 * len(chunk)  # the peer could not send it all: the client hung up
+            # The client is still usable, on a fresh connection (the aborted one is gone).
+            host, port2 = server
+            answer = await client.request("POST", host, port2, "/echo", {}, b"after", TIMEOUT)
+            assert answer.body == b"after"
+            # A body exactly at the cap is fine.
+            exact = b"z" * (256 * 1024)
+            assert (await client.request("POST", host, port2, "/echo", {}, exact, TIMEOUT)).body == exact
+        finally:
+            peer.close()
+            await client.aclose()
+
+    asyncio.run(main())

@@ -16,6 +16,7 @@ import orjson
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
 from omegaconf import OmegaConf
 from pydantic import BaseModel
 
@@ -71,6 +72,18 @@ def _build_app(state: dict) -> FastAPI:
     async def always(key: str, status: int):
         calls[key] += 1
         return Response(content=f"status {status} body for {key}", status_code=status)
+
+    @app.get("/bytes/{key}/{n}")
+    async def n_bytes(key: str, n: int, chunked: bool = False):
+        calls[key] += 1
+        if not chunked:
+            return Response(content=b"b" * n, media_type="application/octet-stream")
+
+        async def parts():
+            for start in range(0, n, 16384):
+                yield b"c" * min(16384, n - start)
+
+        return StreamingResponse(parts(), media_type="application/octet-stream")
 
     @app.api_route("/slow/{key}", methods=["GET", "POST"])
     async def slow(key: str):
@@ -549,3 +562,68 @@ def test_aiohttp_errors_map_to_the_httpx_type_that_says_the_same():
     assert isinstance(sc._remap_aiohttp_error(aiohttp.SocketTimeoutError(), None), httpx.ReadTimeout)
     assert isinstance(sc._remap_aiohttp_error(aiohttp.ClientPayloadError("cut"), None), httpx.ReadError)
     assert sc._remap_aiohttp_error(ValueError("not aiohttp"), None) is None
+
+
+# ------------------------------------------------------------------------------------------ response size cap
+
+
+@pytest.mark.parametrize("transport", ["lean", "aiohttp", "httpx"])
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_a_response_over_the_cap_is_a_clear_error_not_retried(server, transport, chunked):
+    cfg = _config(server.port)
+    cfg["http_client_transport"] = transport
+    cfg["http_client_max_response_body_bytes"] = 100_000
+    client = ServerClient(global_config_dict=cfg, backoff_base=0.01)
+    key = f"cap-{transport}-{chunked}"
+    query = "?chunked=true" if chunked else ""
+    # At the cap: read whole.
+    ok = await client.get("test_agent", f"/bytes/{key}-ok/100000{query}")
+    assert ok.status == 200 and len(ok.content) == 100_000
+    with pytest.raises(sc.ResponseTooLargeError) as info:
+        await client.get("test_agent", f"/bytes/{key}/1000000{query}")  # GET: idempotent, still not retried
+    error = info.value
+    assert server.state["calls"][key] == 1 and error.attempts == 1
+    assert isinstance(error, httpx.TransportError) and not isinstance(error, retry.RETRY_EXCEPTIONS)
+    assert error.server_name == "test_agent" and error.limit == 100_000
+    assert (error.size, error.declared) == ((1_000_000, True) if not chunked else (error.size, False))
+    assert 100_000 < error.size <= 1_000_000
+    message = str(error)
+    assert f"GET http://127.0.0.1:{server.port}/bytes/{key}/1000000" in message
+    assert "server `test_agent`" in message and "http_client_max_response_body_bytes" in message
+    assert ("Content-Length 1000000" in message) if not chunked else ("at least" in message)
+    # The client still works afterwards (the aborted connection is not reused).
+    assert (await client.get("test_agent", "/echo")).status_code == 200
+
+
+async def test_the_cap_applies_to_a_transport_passed_in_and_to_httpx_clients_of_the_shared_transport(server):
+    big = httpx.MockTransport(lambda request: httpx.Response(200, content=b"m" * 5000))
+    cfg = {**_config(server.port), "http_client_max_response_body_bytes": 4096}
+    client = ServerClient(global_config_dict=cfg, transport=big)
+    with pytest.raises(sc.ResponseTooLargeError, match="server `test_agent`"):
+        await client.get("test_agent", "/anything")
+    # httpx clients over the shared transport (the OpenAI client, get_global_client) read under the same cap.
+    await _client(server.port).get("test_agent", "/echo")  # creates this loop's shared state, default cap
+    await close_global_client()
+    await ServerClient(global_config_dict=cfg).get("test_agent", "/echo")  # recreated with the 4096 cap
+    shared = await get_global_client()
+    with pytest.raises(sc.ResponseTooLargeError, match="http_client_max_response_body_bytes"):
+        await shared.get(f"http://127.0.0.1:{server.port}/bytes/shared/5000")
+    assert len((await shared.get(f"http://127.0.0.1:{server.port}/bytes/shared-ok/4096")).content) == 4096
+
+
+@pytest.mark.parametrize("value", [0, -5, "lots", True])
+def test_a_bad_cap_is_refused_naming_the_key(value):
+    with pytest.raises(ValueError, match="http_client_max_response_body_bytes"):
+        sc.max_response_body_bytes({"http_client_max_response_body_bytes": value})
+    assert sc.max_response_body_bytes({}) == sc.DEFAULT_MAX_RESPONSE_BODY_BYTES == 256 * 1024 * 1024
+    assert sc.max_response_body_bytes({"http_client_max_response_body_bytes": "1024"}) == 1024
+
+
+async def test_a_content_length_with_no_body_to_follow_is_not_refused():
+    # HEAD answers, 204 and 304 declare a length without a body: nothing is over the cap.
+    for method, status in (("HEAD", 200), ("GET", 204), ("GET", 304)):
+        response = httpx.Response(status, headers={"content-length": str(10**9)}, stream=httpx.ByteStream(b""))
+        assert await sc.read_httpx_body(response, 1000, "http://h/p", method) == b""
+    response = httpx.Response(200, headers={"content-length": str(10**9)}, stream=httpx.ByteStream(b""))
+    with pytest.raises(sc.ResponseTooLargeError, match="Content-Length 1000000000 bytes"):
+        await sc.read_httpx_body(response, 1000, "http://h/p", "GET")
