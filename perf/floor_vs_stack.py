@@ -1,18 +1,22 @@
 """Issue 11: the real stack measured against the bare-asyncio floor, side by side, by one harness.
 
 Starts one fake LLM (`nemo_gym.testing.fake_openai_server`, default script: a `get_weather` call, then a message),
-then the floor (`perf/floor_stack.py`: agent, model proxy, resources on bare asyncio streams) and the real
-stack (`ng_run` of example_single_tool_call + openai_model + simple_agent), both pointed at that LLM. For each
-in-flight level it drives the floor, then the stack, with the same load generator (`drive` from
+then the floor (`perf/floor_stack.py`: agent, model proxy, resources on bare `asyncio.Protocol`), the first floor
+(`perf/floor_stack_streams.py`: the same on asyncio streams, a second column for comparison; `--no-streams-floor`
+skips it) and the real stack (`ng_run` of example_single_tool_call + openai_model + simple_agent), all pointed at
+that LLM. For each in-flight level it drives each of them in turn with the same load generator (`drive` from
 `rollout_throughput.py`: `/run` calls with the first row of example.jsonl) and prints one table:
 
 - CPU ms per rollout = user + system CPU seconds of the three server processes (not the fake LLM, not the load
-  generator) / rollouts, for the floor and the stack, and their ratio (stack / floor);
-- rollouts per second (wall) of each, and their ratio (floor / stack);
+  generator) / rollouts, for the floor, the streams floor and the stack, and the ratios stack / floor (the
+  reference) and stack / streams floor;
+- rollouts per second (wall) of each, and the ratio floor / stack;
 - the stack's CPU ms per rollout per process (agent, model proxy, resources), and for reference the fake LLM's
   and the load generator's under each (on 2 cores they bound the floor's rollouts/s).
 
-Runs alternate between floor and stack so both see the same background load, `--repeats` times per level; the
+Each floor's servers count the exchanges they make (`/_floor/stats`): every floor run is checked to have made 8 per
+rollout, and the script exits 1 if one did not. Runs alternate between the floors and the stack so all see the same
+background load, `--repeats` times per level; the
 table shows each figure's median, and the spread of the runs' totals is printed below it. The 2 cores are shared by the
 servers, the fake LLM and the load generator, so rollouts/s is a lower bound on a busy machine; CPU per rollout is
 the steadier figure.
@@ -32,7 +36,8 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from floor_stack import start_floor, stop_floor
+import floor_stack_streams
+from floor_stack import floor_exchanges, start_floor, stop_floor
 from rollout_throughput import AGENT, CONFIGS, REPO, drive, load_row
 
 from nemo_gym.testing.stack import (
@@ -45,14 +50,23 @@ from nemo_gym.testing.stack import (
 )
 
 
-def measure(procs: dict, backend: psutil.Process, url: str, row: dict, total: int, level: int) -> dict:
-    """Drive `total` rollouts at `level` in flight; CPU ms per rollout of each of `procs` and of the backend."""
+EXCHANGES_PER_ROLLOUT = 8  # /run, seed, model x2, LLM x2, get_weather, verify
+
+
+def measure(procs: dict, backend: psutil.Process, url: str, row: dict, total: int, level: int,
+            floor: dict | None = None) -> dict:
+    """Drive `total` rollouts at `level` in flight; CPU ms per rollout of each of `procs` and of the backend. For a
+    floor, also the exchanges it made per rollout (read outside the measured window)."""
+    exchanges0 = floor_exchanges(floor) if floor else 0
     before = {name: cpu_seconds(p) for name, p in procs.items()}
     backend0, me, driver0 = cpu_seconds(backend), psutil.Process(), cpu_seconds(psutil.Process())
     wall, _, failures = asyncio.run(drive(url, row, total, level))
     cpu = {name: (cpu_seconds(p) - before[name]) * 1000 / total for name, p in procs.items()}
-    return {"rps": total / wall, "cpu": sum(cpu.values()), "per_process": cpu, "failures": failures,
-            "llm": (cpu_seconds(backend) - backend0) * 1000 / total, "driver": (cpu_seconds(me) - driver0) * 1000 / total}
+    result = {"rps": total / wall, "cpu": sum(cpu.values()), "per_process": cpu, "failures": failures,
+              "llm": (cpu_seconds(backend) - backend0) * 1000 / total, "driver": (cpu_seconds(me) - driver0) * 1000 / total}
+    if floor:
+        result["exchanges"] = (floor_exchanges(floor) - exchanges0) / total
+    return result
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -61,7 +75,13 @@ def median_run(runs: list[dict]) -> dict:
     return {"rps": middle(r["rps"] for r in runs), "cpu": middle(r["cpu"] for r in runs),
             "per_process": {k: middle(r["per_process"][k] for r in runs) for k in runs[0]["per_process"]},
             "failures": sum(r["failures"] for r in runs), "llm": middle(r["llm"] for r in runs),
-            "driver": middle(r["driver"] for r in runs), "spread": (min(r["cpu"] for r in runs), max(r["cpu"] for r in runs))}
+            "driver": middle(r["driver"] for r in runs), "spread": (min(r["cpu"] for r in runs), max(r["cpu"] for r in runs)),
+            "exchanges": sorted({r["exchanges"] for r in runs if "exchanges" in r})}
+
+
+def times(a: float, b: float) -> str:
+    """a / b as "2.9x"; "-" when b is 0 (CPU times come in 10 ms ticks: a short run can read 0)."""
+    return f"{a / b:.1f}x" if b else "-"
 
 
 def role(process_name: str) -> str:
@@ -74,7 +94,9 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=2000, help="rollouts per level (at least the level)")
     parser.add_argument("--sequential", type=int, default=None, help="rollouts at 1 in flight (default: --rollouts)")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="fake LLM latency per call")
-    parser.add_argument("--pool", type=int, default=64, help="floor: keep-alive connections per peer, at most")
+    parser.add_argument("--pool", type=int, default=64, help="floors: keep-alive connections per peer, at most")
+    parser.add_argument("--no-streams-floor", action="store_true",
+                        help="skip the first floor (perf/floor_stack_streams.py, asyncio streams): saves a third of the time")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs per level, floor and stack alternating; the table shows medians")
     args = parser.parse_args()
@@ -84,50 +106,79 @@ def main() -> None:
     head_port = free_port()
     with FakeLLMBackend("--tool-args", '{"city": "Oslo"}', "--latency-ms", str(args.latency_ms)) as backend:
         backend_proc = psutil.Process(backend.proc.pid)
-        floor = start_floor(backend.url, pool=args.pool)
-        stack = NgRunStack(fake_llm_overrides(CONFIGS, backend.base_url, head_port), cwd=REPO)
+        floors = {"floor": start_floor(backend.url, pool=args.pool)}
+        stack = None
         try:
+            if not args.no_streams_floor:
+                floors["streams"] = start_floor(backend.url, pool=args.pool, script=floor_stack_streams.__file__)
+            stack = NgRunStack(fake_llm_overrides(CONFIGS, backend.base_url, head_port), cwd=REPO)
             stack.wait_for("servers ready!", timeout=180)
             instances = server_instances(head_port)
-            runs = {
-                "floor": (floor["url"], {n: psutil.Process(floor[n].proc.pid) for n in ("agent", "model", "resources")}),
-                "stack": (next(i["url"] for i in instances if i["process_name"] == AGENT) + "/run",
-                          {role(i["process_name"]): psutil.Process(i["pid"]) for i in instances}),
-            }
-            for url, _ in runs.values():  # warm-up
+            runs = {name: (f["url"], {n: psutil.Process(f[n].proc.pid) for n in ("agent", "model", "resources")}, f)
+                    for name, f in floors.items()}
+            runs["stack"] = (next(i["url"] for i in instances if i["process_name"] == AGENT) + "/run",
+                             {role(i["process_name"]): psutil.Process(i["pid"]) for i in instances}, None)
+            for url, _, _ in runs.values():  # warm-up
                 asyncio.run(drive(url, row, 200, 16))
             results = []
             for level in levels:
                 total = max(args.sequential or args.rollouts, 1) if level == 1 else max(args.rollouts, level)
                 samples: dict = {name: [] for name in runs}
                 for _ in range(args.repeats):
-                    for name, (url, procs) in runs.items():
-                        samples[name].append(measure(procs, backend_proc, url, row, total, level))
+                    for name, (url, procs, floor) in runs.items():
+                        samples[name].append(measure(procs, backend_proc, url, row, total, level, floor))
                         time.sleep(0.5)
                 results.append({"level": level, "total": total, **{n: median_run(s) for n, s in samples.items()}})
                 print(f"  done: {level} in flight", file=sys.stderr, flush=True)
         finally:
-            stop_floor(floor)
-            stack.stop(timeout=60)
+            for floor in floors.values():
+                stop_floor(floor)
+            if stack is not None:
+                stack.stop(timeout=60)
+
+    streams = "streams" in floors
 
     print(f"fake LLM latency {args.latency_ms:g} ms; CPU = ms per rollout, user+system, of the 3 server processes; "
-          f"medians of {args.repeats} runs per level")
-    print(f"{'in flight':>9} {'rollouts':>8} | {'floor CPU':>9} {'stack CPU':>9} {'ratio':>6} | {'floor r/s':>9} "
-          f"{'stack r/s':>9} {'ratio':>6} | {'agent':>6} {'model':>6} {'resrc':>6} | {'LLM f/s':>11} {'driver f/s':>11} {'fail f/s':>8}")
+          f"medians of {args.repeats} runs per level; floor = perf/floor_stack.py (asyncio.Protocol, the reference)"
+          + ("; streams = perf/floor_stack_streams.py (asyncio streams)" if streams else ""))
+    scol = f" {'streams':>7}" if streams else ""
+    print(f"{'in flight':>9} {'rollouts':>8} | {'floor CPU':>9}{scol} {'stack CPU':>9} {'ratio':>6}"
+          + (f" {'vs str':>6}" if streams else "") + f" | {'floor r/s':>9}" + (f" {'str r/s':>7}" if streams else "")
+          + f" {'stack r/s':>9} {'ratio':>6} | {'agent':>6} {'model':>6} {'resrc':>6} | {'LLM f/s':>11} "
+          f"{'driver f/s':>11} {'fail f/s':>8}" + (f" {'fail str':>8}" if streams else ""))
     for r in results:
         f, s = r["floor"], r["stack"]
         p = s["per_process"]
-        print(f"{r['level']:>9} {r['total']:>8} | {f['cpu']:>9.2f} {s['cpu']:>9.2f} {s['cpu'] / f['cpu']:>5.1f}x | "
-              f"{f['rps']:>9.0f} {s['rps']:>9.0f} {f['rps'] / s['rps']:>5.1f}x | {p['agent']:>6.2f} {p['model']:>6.2f} "
-              f"{p['resources']:>6.2f} | {f['llm']:>5.2f}/{s['llm']:<5.2f} {f['driver']:>5.2f}/{s['driver']:<5.2f} {f['failures']:>4}/{s['failures']:<3}")
+        st = r.get("streams")
+        print(f"{r['level']:>9} {r['total']:>8} | {f['cpu']:>9.2f}" + (f" {st['cpu']:>7.2f}" if st else "")
+              + f" {s['cpu']:>9.2f} {times(s['cpu'], f['cpu']):>6}" + (f" {times(s['cpu'], st['cpu']):>6}" if st else "")
+              + f" | {f['rps']:>9.0f}" + (f" {st['rps']:>7.0f}" if st else "")
+              + f" {s['rps']:>9.0f} {times(f['rps'], s['rps']):>6} | {p['agent']:>6.2f} {p['model']:>6.2f} "
+              f"{p['resources']:>6.2f} | {f['llm']:>5.2f}/{s['llm']:<5.2f} {f['driver']:>5.2f}/{s['driver']:<5.2f} "
+              f"{f['failures']:>4}/{s['failures']:<3}" + (f" {st['failures']:>8}" if st else ""))
     print("per process, floor -> stack (CPU ms per rollout), and the spread of the runs' totals:")
     for r in results:
         f, s = r["floor"]["per_process"], r["stack"]["per_process"]
-        print(f"{r['level']:>9} | " + "  ".join(f"{n} {f[n]:.2f} -> {s[n]:.2f} ({s[n] / f[n]:.1f}x)" for n in ("agent", "model", "resources"))
+        print(f"{r['level']:>9} | " + "  ".join(f"{n} {f[n]:.2f} -> {s[n]:.2f} ({times(s[n], f[n])})" for n in ("agent", "model", "resources"))
               + f" | floor {r['floor']['spread'][0]:.2f}..{r['floor']['spread'][1]:.2f}, stack {r['stack']['spread'][0]:.2f}..{r['stack']['spread'][1]:.2f}")
-    print("ratio: stack CPU / floor CPU, floor rollouts/s / stack rollouts/s; agent/model/resrc: the stack's CPU "
-          "per process; LLM, driver: CPU ms per rollout of the fake LLM and of the load generator under floor / stack")
-
+    if streams:
+        print("per process, streams floor (CPU ms per rollout), and the spread of its runs' totals:")
+        for r in results:
+            st = r["streams"]
+            print(f"{r['level']:>9} | " + "  ".join(f"{n} {st['per_process'][n]:.2f}" for n in ("agent", "model", "resources"))
+                  + f" | streams {st['spread'][0]:.2f}..{st['spread'][1]:.2f}")
+    print("ratio: stack CPU / floor CPU, floor rollouts/s / stack rollouts/s" + ("; vs str: stack CPU / streams floor CPU"
+          if streams else "") + "; agent/model/resrc: the stack's CPU per process; LLM, driver: CPU ms per rollout of "
+          "the fake LLM and of the load generator under floor / stack")
+    wrong = [(name, r["level"], r[name]["exchanges"]) for r in results for name in floors
+             if r[name]["exchanges"] != [EXCHANGES_PER_ROLLOUT]]
+    for name, level, seen in wrong:
+        print(f"ERROR: the {name} floor made {seen} HTTP exchanges per rollout at {level} in flight, not "
+              f"{EXCHANGES_PER_ROLLOUT}: a rollout was lost or its calls changed; see perf/floor_stack.py", file=sys.stderr)
+    if wrong:
+        sys.exit(1)
+    print(f"exchanges: every floor run made {EXCHANGES_PER_ROLLOUT} HTTP exchanges per rollout "
+          f"({', '.join(floors)}; counted by the floors' servers)")
 
 if __name__ == "__main__":
     main()
