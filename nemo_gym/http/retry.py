@@ -32,6 +32,7 @@ what the server asked, capped at `max_retry_after`.
 from __future__ import annotations
 
 import asyncio
+import time
 import email.utils
 import logging
 import math
@@ -204,12 +205,34 @@ class RetryPolicy:
                     return Outcome(result, None, attempt)
                 delay = self.delay(attempt, getattr(result, "headers", None))
                 reason = f"HTTP {status}{_body_preview(result)}"
-            logger.warning(
-                "%s: %s (attempt %d/%d, retrying in %.2fs)",
-                label() if callable(label) else label, reason, attempt, limit, delay,
-                extra={"retry_attempt": attempt, "retry_delay": delay},
-            )
+            _log_retry(label() if callable(label) else label, reason, attempt, limit, delay)
             await _sleep(delay)
+
+
+# Retry lines of one kind (the same request label failing the same way) are written at most once per this many
+# seconds; the next line says how many were left out. With a backend down and 64 rollouts in flight, a line per
+# attempt was 200 lines saying one thing.
+RETRY_LOG_INTERVAL_S = 5.0
+_retry_log_seen: dict[tuple[str, str], list] = {}
+
+
+def _log_retry(label: str, reason: str, attempt: int, limit: int, delay: float) -> None:
+    kind = reason.split(":", 1)[0] if not reason.startswith("HTTP ") else reason[:8]
+    key = (label, kind)
+    now = time.monotonic()
+    seen = _retry_log_seen.get(key)
+    if seen is not None and now - seen[0] < RETRY_LOG_INTERVAL_S:
+        seen[1] += 1
+        return
+    left_out = seen[1] if seen is not None else 0
+    if len(_retry_log_seen) > 1024:  # bounded: forget old kinds
+        _retry_log_seen.clear()
+    _retry_log_seen[key] = [now, 0]
+    note = f"; {left_out} more like it in the last {RETRY_LOG_INTERVAL_S:.0f} s not shown" if left_out else ""
+    logger.warning(
+        "%s: %s (attempt %d/%d, retrying in %.2fs)%s", label, reason, attempt, limit, delay, note,
+        extra={"retry_attempt": attempt, "retry_delay": delay},
+    )
 
 
 class RetryingClient:

@@ -25,6 +25,12 @@ from nemo_gym.http.retry import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _fresh_retry_log(monkeypatch):
+    """Each test starts with no retry lines remembered (lines of one kind are written once per interval)."""
+    monkeypatch.setattr(retry, "_retry_log_seen", {})
+
+
 @pytest.fixture
 def slept(monkeypatch) -> list[float]:
     """The delays the retry loop asked to sleep, in order (it does not actually sleep)."""
@@ -237,3 +243,22 @@ async def test_run_stops_at_once_on_permanent_failures(slept):
         outcome = await RetryPolicy().run(send, idempotent=True, label="x")
         assert outcome.attempts == 1 == send.calls
     assert slept == []
+
+
+async def test_many_calls_failing_the_same_way_make_one_retry_line_per_interval(slept, caplog, monkeypatch):
+    """64 calls to a dead server: one line, not one per attempt; the next line after the interval counts the rest."""
+    policy = RetryPolicy(max_attempts=3, backoff_base=0.001, backoff_max=0.001)
+    label = "POST http://h/v1/responses (server `policy_model`)"
+    with caplog.at_level(logging.WARNING, logger=retry.logger.name):
+        for _ in range(64):
+            await policy.run(_Script(httpx.ConnectError("refused")), idempotent=True, label=label)
+        assert len(caplog.records) == 1
+        clock = retry.time.monotonic() + retry.RETRY_LOG_INTERVAL_S + 1
+        monkeypatch.setattr(retry.time, "monotonic", lambda: clock)
+        await policy.run(_Script(httpx.ConnectError("refused")), idempotent=True, label=label)
+        # another kind of failure of the same call is its own line at once
+        await policy.run(_Script(503, 200), idempotent=True, label=label)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert lines[1].endswith("; 127 more like it in the last 5 s not shown")
+    assert "HTTP 503" in lines[2]
