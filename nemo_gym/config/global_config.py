@@ -1014,6 +1014,11 @@ def reset_global_config_dict_cache() -> None:
     _GLOBAL_CONFIG_DICT = None
 
 
+def loaded_global_config_dict() -> Optional[DictConfig]:
+    """This process's global config if it was built already (never builds it: no argv parsing, no files)."""
+    return _GLOBAL_CONFIG_DICT
+
+
 def set_global_config_dict(cfg: DictConfig | Mapping) -> None:
     """Install `cfg` as this process's global config (the launcher and tests use this)."""
     global _GLOBAL_CONFIG_DICT

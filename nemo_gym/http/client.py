@@ -110,6 +110,7 @@ from nemo_gym.http.response import (  # noqa: F401  (re-exported: importable fro
     read_aiohttp_body,
     read_httpx_body,
 )
+from nemo_gym.http.stack_health import StackHealth
 from nemo_gym.http.retry import (  # noqa: F401  (re-exported)
     DEFAULT_BACKOFF_BASE,
     DEFAULT_BACKOFF_MAX,
@@ -270,9 +271,17 @@ class _Send:
         self.body = body
         self.debug = debug
         self.replica = -1
+        self.client = None
 
     async def __call__(self) -> ServerResponse:  # pragma: no cover - every subclass sends
         raise NotImplementedError
+
+    async def stop_if_failed(self) -> None:
+        """Before a retry: raise `StackServerFailed` when the head server says this server has failed for good
+        (ng_run spent its restart budget), instead of spending the remaining attempts on it."""
+        health = self.client.stack_health() if self.client is not None else None
+        if health is not None:
+            await health.raise_if_failed(self.server_name)
 
     def label(self) -> str:
         replica = self.replica
@@ -373,6 +382,7 @@ class ServerClient(RetryingClient):
         self.retry_policy = RetryPolicy(int(max_attempts), float(backoff_base), float(backoff_max), float(max_retry_after))
         self.head_server_config = head_server_config
         self._global_config_dict = global_config_dict
+        self._stack_health: Optional[StackHealth] = None
         self._timeout_dict = _coerce_timeout(timeout)
         self.timeout = httpx.Timeout(**self._timeout_dict)
         self._base_urls: dict[str, str] = {}
@@ -572,6 +582,17 @@ class ServerClient(RetryingClient):
             host = f"[{host}]"
         return f"http://{host}:{int(port)}"
 
+    def stack_health(self) -> Optional[StackHealth]:
+        """The head server's view of which servers have failed for good, for the servers of this stack (made on
+        first use; None without a head server). Consulted only before a retry."""
+        health = self._stack_health
+        if health is None and self.head_server_config is not None:
+            host = _get_field(self.head_server_config, "host") or "127.0.0.1"
+            port = _get_field(self.head_server_config, "port") or 11000
+            servers = {name: "" for name in _known_server_ids(self._global_config_dict)}
+            health = self._stack_health = StackHealth(str(host), int(port), servers)
+        return health
+
     @classmethod
     def load_from_global_config(cls, head_server_config: Any = None, **kwargs: Any) -> "ServerClient":
         """Fetch the global config from the head server and build a client from it.
@@ -643,12 +664,13 @@ class ServerClient(RetryingClient):
             server_name, method, url, _request_headers(json, headers, cookies), _request_body(json, content, data),
             params, timeout,
         )
+        send.client = self
         if idempotent is None:
             idempotent = is_idempotent_method(method)
         replicas = self._replicas.get(server_name) if self._replicas else None
         if replicas is None:
             outcome = await self.retry_policy.run(
-                send, idempotent=idempotent, label=send.label, max_attempts=max_attempts
+                send, idempotent=idempotent, label=send.label, max_attempts=max_attempts, before_retry=send.stop_if_failed
             )
         else:  # several processes serve it: the session's one, else the least loaded
             outcome = await self._run_on_replicas(send, replicas, url_path, cookies, idempotent, max_attempts)
@@ -709,7 +731,8 @@ class ServerClient(RetryingClient):
         replicas.in_flight[replica] += 1
         try:
             return await self.retry_policy.run(
-                send.failover, idempotent=idempotent, label=send.label, max_attempts=max_attempts
+                send.failover, idempotent=idempotent, label=send.label, max_attempts=max_attempts,
+                before_retry=send.stop_if_failed,
             )
         finally:
             replicas.in_flight[send.replica] -= 1

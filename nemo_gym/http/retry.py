@@ -183,11 +183,13 @@ class RetryPolicy:
         idempotent: bool,
         label: Union[str, Callable[[], str]],
         max_attempts: Optional[int] = None,
+        before_retry: Optional[Callable[[], Awaitable[None]]] = None,
     ) -> Outcome[T]:
         """Call `send()` until it returns a response whose `status_code` is not retried, raises an exception that
         is not retried, or the attempts run out; return the last outcome. `label` (e.g. "POST http://h/run", or a
         function making it, called only when a line is logged) names the request in the retry log lines.
-        `max_attempts` overrides the policy's bound for this call."""
+        `max_attempts` overrides the policy's bound for this call. `before_retry`, awaited before each retry, may
+        raise to end the call at once with that error (e.g. the server is known to be down for good)."""
         limit = self.max_attempts if max_attempts is None else max(1, int(max_attempts))
         attempt = 0
         while True:
@@ -205,6 +207,11 @@ class RetryPolicy:
                     return Outcome(result, None, attempt)
                 delay = self.delay(attempt, getattr(result, "headers", None))
                 reason = f"HTTP {status}{_body_preview(result)}"
+            if before_retry is not None:
+                try:
+                    await before_retry()
+                except Exception as stop:
+                    return Outcome(None, stop, attempt)
             _log_retry(label() if callable(label) else label, reason, attempt, limit, delay)
             await _sleep(delay)
 

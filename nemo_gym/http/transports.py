@@ -334,6 +334,10 @@ def _get_state(cfg: Any = None) -> _LoopState:
         if state is not None and (state.loop is not loop or state.closed):
             state = None
         if state is None:
+            if cfg is None:  # a caller without the config (the model client): this process's, if it has one
+                from nemo_gym.config.global_config import loaded_global_config_dict
+
+                cfg = loaded_global_config_dict()
             for key, other in list(_states.items()):  # forget loops that are gone
                 if other.loop.is_closed() or other.closed:
                     del _states[key]

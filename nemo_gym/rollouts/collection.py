@@ -16,6 +16,13 @@ Compatible with NeMo Gym v0.2 (same parameters, indices and files), with these a
   backoff up to `max_attempts` attempts per rollout; a rollout that still fails becomes a line of
   `<stem>_failures.jsonl` (row, error type, message, server, attempts) and the run goes on. The command exits 1
   when anything failed.
+- **Fail fast on a failed server.** Before the first rollout, and when an attempt fails with a connection error, a
+  timeout or a 5xx, the head server is asked (cached ~1 s, `http/stack_health.py`) whether a server the agents
+  need has been marked failed by `ng_run` (restart budget spent). If so the collection stops with one message
+  naming it (exit 1): rollouts in flight are cancelled and the rest are not started, neither is recorded as a
+  failure, the ones written are kept, and `resume_from_cache=true` on a repaired stack runs the rest.
+- **Parallelism is real.** `num_samples_in_parallel` above the shared client's per-host connection limit raises the
+  collector's limit to match; when the stack's servers run with a lower one, a note says so and how to raise it.
 - **Resume.** `resume_from_cache=true` (with an existing output file) reuses the materialized inputs of the first
   run (rebuilt from the input if missing; the output is never deleted when resuming), drops a torn last line of
   the output, skips every (task, rollout) already in the output and runs the rest (failed and missing rollouts),
@@ -58,7 +65,7 @@ import orjson
 from pydantic import Field, ValidationError, field_validator
 
 from nemo_gym.config.types import AGENT_SERVER_TYPE, BaseNeMoGymCLIConfig, format_validation_errors
-from nemo_gym.errors import NeMoGymConfigError, did_you_mean
+from nemo_gym.errors import NeMoGymConfigError, NeMoGymStackError, did_you_mean
 from nemo_gym.rollouts.jsonl import iter_jsonl_objects
 from nemo_gym.rollouts.row_keys import FinishedRollouts, RolloutKeySpace, TaskIndexMap
 from nemo_gym.rollouts.skills import SkillsConfig
@@ -78,6 +85,8 @@ from nemo_gym.rollouts.failure_routing import (
     declared_failure,
     get_max_rollout_attempts,
 )
+
+from nemo_gym.http.stack_health import StackHealth, StackServerFailed
 
 if TYPE_CHECKING:  # imported when rollouts run: it loads the HTTP stack
     from nemo_gym.http.retry import RetryPolicy
@@ -120,9 +129,12 @@ ROLLOUT_INDEX_KEY_NAME = "_ng_rollout_index"
 SKILLS_REF_KEY_NAME = "skills_ref"  # NeMo Gym v0.5 skills (`nemo_gym.skills`): travels from the row to the result
 
 # `num_samples_in_parallel: null` means "no cap of yours". We still bound in-flight work so memory stays flat:
-# 1024 is the shared client's per-host connection limit (`global_aiohttp_connector_limit_per_host`), so more
-# in flight would only wait in the connection pool.
+# 1024, the default per-host connection limit of the shared client (`global_aiohttp_connector_limit_per_host`).
+# A larger `num_samples_in_parallel` raises the collector's own limit to match (`fit_connection_limits`), and says
+# so when the stack's servers run with a lower one.
 DEFAULT_MAX_IN_FLIGHT = 1024
+CONNECTION_LIMIT_PER_HOST_KEY = "global_aiohttp_connector_limit_per_host"
+CONNECTION_LIMIT_KEY = "global_aiohttp_connector_limit"
 MAX_REPORTED_PROBLEMS = 50
 _MESSAGE_LIMIT = 2000
 
@@ -171,7 +183,8 @@ class RolloutCollectionConfig(BaseNeMoGymCLIConfig):
         default=None,
         ge=1,
         description=(
-            f"Maximum rollouts in flight (null = {DEFAULT_MAX_IN_FLIGHT}, the client's per-host connection limit)."
+            f"Maximum rollouts in flight (null = {DEFAULT_MAX_IN_FLIGHT}); the collector's connection limit is "
+            "raised to match."
         ),
     )
     responses_create_params: dict[str, Any] = Field(
@@ -576,6 +589,7 @@ class MaterializeStats:
     num_lines: int = 0
     num_tasks: int = 0
     num_rows: int = 0
+    agents: set[str] = field(default_factory=set)  # the agents the rows go to
 
 
 def materialize_input_file(
@@ -613,6 +627,7 @@ def materialize_input_file(
                     continue
                 if total_problems:
                     continue  # keep validating, stop writing
+                stats.agents.add(agent_name_of(row) or str(pre.agent_name))
                 for out in pre.materialize(line, row):
                     dst.write(orjson.dumps(out))
                     dst.write(b"\n")
@@ -674,6 +689,7 @@ def validate_materialized_file(
                     problems.append(InputProblem(str(path), lineno, message))
                 continue
             stats.num_rows += 1
+            stats.agents.add(name)
             max_task = max(max_task, row[TASK_INDEX_KEY_NAME])
     if total:
         raise InputValidationError(
@@ -942,13 +958,18 @@ async def _run_one(
     retry_policy: RetryPolicy,
     max_rollout_attempts: int = 1,
     capture_dir: Optional[str] = None,
+    stack_health: Optional[StackHealth] = None,
 ) -> RolloutResult:
+    """One rollout, retried as `retry_policy` says. With `stack_health`, an attempt that fails the way a dead server
+    explains (connection error, timeout, 5xx) first asks the head server whether a needed server has failed, and
+    then raises `StackServerFailed` instead of retrying."""
     agent = agent_name_of(row) or agent_name
     if not agent:
         return RolloutResult(
             row, error_type="NoAgent", message="the row has no agent_ref.name and no agent_name was given", attempts=0
         )
     from nemo_gym.http.client import ServerClient
+    from nemo_gym.http.retry import is_retryable_error, is_retryable_status
 
     # Our own client: one HTTP attempt per call, the policy here does the retrying (so `attempts` is exact).
     extra = {"max_attempts": 1} if isinstance(server_client, ServerClient) else {}
@@ -956,8 +977,16 @@ async def _run_one(
     async def post() -> Any:
         if capture_dir is not None:  # the model calls of this attempt only
             clear_capture(capture_dir, maybe_rollout_id_from_run_body(row))
-        async with asyncio.timeout(request_timeout_s):
-            return await server_client.post(agent, "/run", json=row, **extra)
+        try:
+            async with asyncio.timeout(request_timeout_s):
+                response = await server_client.post(agent, "/run", json=row, **extra)
+        except Exception as exc:
+            if stack_health is not None and is_retryable_error(exc, True):
+                await stack_health.raise_if_failed()  # a failed server: stop, do not retry
+            raise
+        if stack_health is not None and is_retryable_status(getattr(response, "status_code", 200), True):
+            await stack_health.raise_if_failed()
+        return response
 
     # A failed rollout is rerun whole on a fresh session: /run is idempotent for the retry rules. An answer that
     # declares a failure (a judge that failed, ...) is rerun too, up to NEMO_GYM_MAX_ROLLOUT_ATTEMPTS attempts.
@@ -966,6 +995,8 @@ async def _run_one(
     first_attempt = int(row.get(ATTEMPT_INDEX_KEY_NAME) or 0)
     for attempt in range(first_attempt, max(max_rollout_attempts, first_attempt + 1)):
         outcome = await retry_policy.run(post, idempotent=True, label=f"POST /run on agent `{agent}`")
+        if isinstance(outcome.error, StackServerFailed):
+            raise outcome.error
         attempts += outcome.attempts
         data, status, error_type, message = read_outcome(
             outcome, step="/run", target=f"POST /run on agent `{agent}`", request_timeout_s=request_timeout_s
@@ -1044,6 +1075,11 @@ class _FeedCrashed:
     exc: BaseException
 
 
+@dataclass
+class _StackFailed:
+    exc: StackServerFailed
+
+
 _STOP = object()
 
 
@@ -1057,6 +1093,7 @@ async def iter_rollouts(
     request_timeout_s: Optional[float] = None,
     retry_backoff_s: float = 1.0,
     retry_backoff_max_s: float = 30.0,
+    stack_health: Optional[StackHealth] = None,
 ) -> AsyncIterator[RolloutResult]:
     """Run every row through its agent's `/run` and yield a `RolloutResult` as each finishes (completion order).
 
@@ -1070,6 +1107,11 @@ async def iter_rollouts(
     jittered backoff (`Retry-After` honoured) up to `max_attempts` attempts; other statuses, a non-JSON answer
     or a row without agent fail at once. An exception raised by `rows` itself propagates.
     Closing the iterator early cancels the rollouts in flight.
+
+    `stack_health` (`nemo_gym.http.stack_health.StackHealth`): when an attempt fails with a connection error,
+    a timeout or a 5xx and the head server says a server the agents need has failed (ng_run spent its restart
+    budget), the iterator raises `StackServerFailed`: the rollouts in flight are cancelled (nothing is yielded for
+    them) and the rows not started are not read further.
     """
     from nemo_gym.http.retry import RetryPolicy
 
@@ -1087,6 +1129,7 @@ async def iter_rollouts(
         retry_policy=retry_policy,
         max_rollout_attempts=get_max_rollout_attempts(),
         capture_dir=_capture_dir(server_client),
+        stack_health=stack_health,
     )
 
     async def work() -> None:
@@ -1099,6 +1142,9 @@ async def iter_rollouts(
                 result = await _run_one(row, **options)
             except asyncio.CancelledError:
                 raise
+            except StackServerFailed as exc:  # not this row's failure: the collection stops
+                await out_q.put(_StackFailed(exc))
+                return
             except Exception as exc:  # a bug, not a rollout failure: still data, never a hang
                 result = RolloutResult(row, error_type=type(exc).__name__, message=truncate_message(str(exc)), attempts=1)
             await out_q.put(result)
@@ -1140,6 +1186,8 @@ async def iter_rollouts(
             elif isinstance(item, _FeedDone):
                 expected = item.workers
             elif isinstance(item, _FeedCrashed):
+                raise item.exc
+            elif isinstance(item, _StackFailed):
                 raise item.exc
     finally:
         pending = [t for t in (feeder, *workers) if not t.done()]
@@ -1249,6 +1297,8 @@ class CollectionOutcome:
     not_persisted: int = 0
     history: Optional["FailureHistory"] = None
     recovered: set[int] = field(default_factory=set)  # keys with failure lines of earlier runs that succeeded now
+    # Set when the collection stopped because a server its agents need has failed (`http/stack_health.py`).
+    stopped: Optional[StackServerFailed] = None
 
 
 async def _collect(
@@ -1258,24 +1308,30 @@ async def _collect(
     paths: CollectionPaths,
     display: ProgressDisplay,
     outcome: CollectionOutcome,
+    stack_health: Optional[StackHealth] = None,
 ) -> None:
     with open(paths.output, "ab") as out, open(paths.failures, "ab") as fails:
-        async for result in iter_rollouts(
-            rows,
-            server_client=server_client,
-            agent_name=config.agent_name,
-            num_samples_in_parallel=config.num_samples_in_parallel,
-            max_attempts=config.max_attempts,
-            request_timeout_s=config.request_timeout_s,
-            retry_backoff_s=config.retry_backoff_s,
-            retry_backoff_max_s=config.retry_backoff_max_s,
-        ):
-            record_result(result, out, fails, outcome)
-            display.update(result)
-            if result.ok and outcome.history is not None and outcome.history.recorded:
-                key = rollout_key(result.task_index, result.rollout_index)
-                if key in outcome.history.recorded:
-                    outcome.recovered.add(key)
+        try:
+            async for result in iter_rollouts(
+                rows,
+                server_client=server_client,
+                agent_name=config.agent_name,
+                num_samples_in_parallel=config.num_samples_in_parallel,
+                max_attempts=config.max_attempts,
+                request_timeout_s=config.request_timeout_s,
+                retry_backoff_s=config.retry_backoff_s,
+                retry_backoff_max_s=config.retry_backoff_max_s,
+                stack_health=stack_health,
+            ):
+                record_result(result, out, fails, outcome)
+                display.update(result)
+                if result.ok and outcome.history is not None and outcome.history.recorded:
+                    key = rollout_key(result.task_index, result.rollout_index)
+                    if key in outcome.history.recorded:
+                        outcome.recovered.add(key)
+        except StackServerFailed as exc:  # rollouts in flight were cancelled, the rest not started
+            outcome.stopped = exc
+            return  # no aggregation over a partial run: the resume that finishes it aggregates
     if not config.disable_aggregation:
         await _aggregate(config, server_client, paths, outcome)
 
@@ -1401,7 +1457,10 @@ def run_from_config(
     """Collect rollouts as `config` says and return the exit code (0 ok, 1 some rollouts failed, 130
     interrupted). Before any rollout starts (and before any earlier output is touched): an output path that cannot
     be written or would overwrite the input, an empty input and input problems raise `NeMoGymConfigError`
-    (`InputValidationError` for bad lines); an unreachable stack prints the reason and returns 1.
+    (`InputValidationError` for bad lines); an unreachable stack prints the reason and returns 1. A server the
+    agents need that `ng_run` marked failed raises `NeMoGymStackError` naming it (exit 1 from the CLI): before any
+    rollout starts, or mid-run once an attempt fails and the head server confirms it (what was written is kept, the
+    rest is neither run nor recorded; `resume_from_cache=true` runs it later).
 
     `server_client` defaults to `ServerClient.load_from_global_config(head_server_config)` (the running stack)."""
     paths = CollectionPaths(Path(config.output_jsonl_fpath).expanduser())
@@ -1444,6 +1503,16 @@ def run_from_config(
             prompt_config=config.prompt_config,
             skills_ref=_load_skills(config),
         )
+
+    # Before any earlier output is touched: a server the agents need that ng_run gave up on stops us here.
+    stack_health = StackHealth.for_collection(server_client, sorted(stats.agents) or [config.agent_name or ""])
+    if stack_health is not None:
+        try:
+            stack_health.raise_if_failed_now(max_age=0)
+        except StackServerFailed as exc:
+            stack_health.close()
+            kept = f"; {paths.output} was left as it was" if paths.output.exists() else ""
+            raise NeMoGymStackError(exc.message(f"No rollout was started{kept}.", resume=resume)) from None
 
     finished: Union[set[int], FinishedRollouts] = set()
     history = FailureHistory()
@@ -1488,6 +1557,7 @@ def run_from_config(
     outcome.max_rollout_attempts = max_rollout_attempts
     outcome.history = history
 
+    fit_connection_limits(server_client, int(config.num_samples_in_parallel or DEFAULT_MAX_IN_FLIGHT))
     display = ProgressDisplay(total - sum(outcome.not_retried.values()), cached, enabled=config.progress_bar)
     interrupted = False
     try:
@@ -1499,12 +1569,15 @@ def run_from_config(
                 paths,
                 display,
                 outcome,
+                stack_health,
             )
         )
     except KeyboardInterrupt:
         interrupted = True
     finally:
         display.stop()
+        if stack_health is not None:
+            stack_health.close()
     outcome.mean_reward = display.mean_reward
     del finished
     drop_recovered_failures(paths.failures, outcome.recovered)
@@ -1519,6 +1592,16 @@ def run_from_config(
         )
         return 130
 
+    if outcome.stopped is not None:
+        done = outcome.succeeded + outcome.failed
+        left = total - outcome.cached - sum(outcome.not_retried.values()) - done
+        saved = f"{outcome.succeeded} new rollout(s) saved to {paths.output}"
+        if outcome.failed:
+            saved += f", {outcome.failed} failed before that (in {paths.failures})"
+        raise NeMoGymStackError(
+            outcome.stopped.message(f"The collection stopped: {saved}; {left} not run (not recorded as failures).")
+        )
+
     if profile:
         from nemo_gym.rollouts.reward_profile import profile_collection
 
@@ -1526,6 +1609,70 @@ def run_from_config(
 
     _print_outcome(outcome)
     return 1 if outcome.failed or outcome.not_retried else 0
+
+
+def fit_connection_limits(server_client: Any, parallel: int) -> None:
+    """Make `parallel` rollouts in flight real, before the client's first request.
+
+    - The collector's own client: its per-host (and total) connection limit is raised to `parallel` by setting
+      `global_aiohttp_connector_limit_per_host` (`global_aiohttp_connector_limit`) in the config it was built from,
+      which the shared client reads when it creates its pool on the collection's event loop; the open-files limit
+      of this process is raised to fit too.
+    - The stack's servers read the same key from the config `ng_run` gave them and cannot be changed from here: when
+      their limit is lower, one line says that an agent then sends at most that many requests at once to its model
+      server (so not all rollouts progress at once), and how to start the stack so it does not."""
+    from nemo_gym.config.values import config_get
+    from nemo_gym.http.client import DEFAULT_CONNECTOR_LIMIT, DEFAULT_CONNECTOR_LIMIT_PER_HOST, ServerClient
+
+    _raise_open_files_limit(parallel + 256)
+    if not isinstance(server_client, ServerClient):
+        return
+    cfg = server_client.global_config_dict
+    try:
+        stack_per_host = int(config_get(cfg, CONNECTION_LIMIT_PER_HOST_KEY, DEFAULT_CONNECTOR_LIMIT_PER_HOST))
+        total = int(config_get(cfg, CONNECTION_LIMIT_KEY, DEFAULT_CONNECTOR_LIMIT))
+    except (TypeError, ValueError):
+        return
+    try:
+        if 0 < stack_per_host < parallel:
+            cfg[CONNECTION_LIMIT_PER_HOST_KEY] = parallel
+        if 0 < total < parallel:
+            cfg[CONNECTION_LIMIT_KEY] = parallel
+    except Exception as exc:  # a read-only config: say so, the run goes on at the lower limit
+        _err(
+            f"Warning: could not raise this client's connection limit to +num_samples_in_parallel={parallel} "
+            f"({type(exc).__name__}: {exc}); at most {stack_per_host} rollouts will be in flight."
+        )
+        return
+    if 0 < stack_per_host < parallel:
+        _err(
+            f"Note: +num_samples_in_parallel={parallel} is above the stack's per-host connection limit "
+            f"({CONNECTION_LIMIT_PER_HOST_KEY}={stack_per_host}, which ng_run gave every server): an agent process "
+            f"sends at most {stack_per_host} requests at once to its model server, so the other rollouts in it wait "
+            f"for a connection. To run {parallel} at once, start ng_run with "
+            f"+{CONNECTION_LIMIT_PER_HOST_KEY}={parallel} (ng_status shows each server's limit)."
+        )
+
+
+def _raise_open_files_limit(want: int) -> None:
+    """Raise this process's soft RLIMIT_NOFILE to `want` (up to the hard limit): one socket per rollout in flight."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    target = want if hard == resource.RLIM_INFINITY else min(hard, want)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        pass
+    if target < want:
+        _err(
+            f"Warning: the open-files limit ({target}, hard limit) is below the {want} this many rollouts in flight "
+            "need; raise it with `ulimit -n` or lower +num_samples_in_parallel."
+        )
 
 
 def _load_skills(config: RolloutCollectionConfig) -> Optional[dict]:

@@ -3,15 +3,18 @@
 Besides health it shows what `ng_run`'s supervision did: the server's state (ready, restarting, failed), how often
 it was restarted, the exit code of its last process, and the uptime of its current process. A block started with
 `num_replicas` > 1 has one row per replica, named `<server id>[<replica>]`, each with its own address and pid.
-When some servers run as Ray actors (docs/design.md, decision 24), two columns are added: the Ray node id of each
-actor replica, and the requests in flight a server reports in its `/health` answer (`in_flight`; `-` when it
-does not report one)."""
+Two columns show each server's concurrency: the requests in flight it reports in its `/health` answer (`in_flight`;
+`-` when it does not report one), and its in-flight limit toward any one other server: the connection limit per
+peer of its HTTP client (`client_limit_per_host` when its `/health` reports one, else the stack's
+`global_aiohttp_connector_limit_per_host` from the config the head server serves, default 1024; `none` for 0, no
+limit). An agent with N rollouts in flight sends at most that many requests at once to its model server. When some
+servers run as Ray actors (docs/design.md, decision 24), a column shows the Ray node id of each actor replica."""
 
 from __future__ import annotations
 
 import http.cookiejar
 import time
-from typing import Any, TextIO
+from typing import Any, Optional, TextIO
 
 import httpx
 
@@ -33,6 +36,34 @@ def health_client(**kwargs: Any) -> httpx.Client:
     return httpx.Client(trust_env=False, cookies=NoCookies(), **kwargs)
 
 
+# The shared client's default (`DEFAULT_CONNECTOR_LIMIT_PER_HOST` in nemo_gym/http/client.py; not imported: it
+# loads aiohttp, and ng_status stays light).
+LIMIT_PER_HOST_KEY = "global_aiohttp_connector_limit_per_host"
+DEFAULT_LIMIT_PER_HOST = 1024
+
+
+def stack_limit_per_host(client: httpx.Client, head: str) -> Optional[int]:
+    """The stack's `global_aiohttp_connector_limit_per_host` (the default when unset), or None when the head server
+    does not serve its config."""
+    try:
+        answer = client.get(f"{head}/global_config_dict_yaml", params={"raw": "true"})
+        if answer.status_code != 200:
+            return None
+        import yaml
+
+        config = yaml.safe_load(answer.text)
+        value = config.get(LIMIT_PER_HOST_KEY) if isinstance(config, dict) else None
+        return DEFAULT_LIMIT_PER_HOST if value is None else int(value)
+    except Exception:  # no config, not YAML, a value that is not a number: unknown
+        return None
+
+
+def format_limit(limit: Any) -> str:
+    if limit is None:
+        return "-"
+    return "none" if int(limit) <= 0 else str(int(limit))
+
+
 def format_uptime(seconds: float) -> str:
     seconds = max(0.0, seconds)
     days, rem = divmod(seconds, 86400)
@@ -42,7 +73,8 @@ def format_uptime(seconds: float) -> str:
 
 
 def fetch_status(head_host: str, head_port: int) -> list[dict[str, Any]]:
-    """Instances from the head server, each with `healthy` (bool) and `uptime` added (`-` for a failed server).
+    """Instances from the head server, each with `healthy` (bool), `uptime` (`-` for a failed server), `in_flight`
+    and `limit_per_host` (see the module docstring; None when unknown) added.
 
     Raises ConnectionError with a hint when the head server does not answer."""
     head = f"http://{head_host}:{head_port}"
@@ -54,16 +86,21 @@ def fetch_status(head_host: str, head_port: int) -> list[dict[str, Any]]:
                 f"No head server answered at {head} ({type(exc).__name__}). Start the stack with ng_run, "
                 f"or point at it with +head_server.host=... +head_server.port=..."
             ) from None
+        stack_limit = stack_limit_per_host(client, head)
         now = time.time()
         for inst in instances:
             failed = inst.get("state") == "failed" or not inst.get("url")
             inst["in_flight"] = None
+            inst["limit_per_host"] = None if failed else stack_limit
             try:
                 answer = None if failed else client.get(f"{inst['url']}/health", timeout=2.0)
                 inst["healthy"] = answer is not None and answer.status_code == 200
                 if inst["healthy"]:
                     body = answer.json()
-                    inst["in_flight"] = body.get("in_flight") if isinstance(body, dict) else None
+                    if isinstance(body, dict):
+                        inst["in_flight"] = body.get("in_flight")
+                        if isinstance(body.get("client_limit_per_host"), int):  # the server's own word wins
+                            inst["limit_per_host"] = body["client_limit_per_host"]
             except (httpx.HTTPError, ValueError):
                 inst["healthy"] = False
             inst["uptime"] = "-" if failed else format_uptime(now - float(inst.get("start_time") or now))
@@ -86,13 +123,14 @@ def print_status(instances: list[dict[str, Any]], out: TextIO) -> None:
     table = Table(show_edge=False)
     ray = any(inst.get("node_id") or inst.get("ray_actor") for inst in instances)
     columns = ["", "server", "kind", "implementation", "URL", "PID", "state", "restarts", "last exit", "uptime"]
-    for col in columns + (["Ray node", "in flight"] if ray else []):
+    for col in columns + ["in flight", "limit/peer"] + (["Ray node"] if ray else []):
         table.add_column(col)
     for inst in instances:
         mark = "[green]✓[/green]" if inst["healthy"] else "[red]✗[/red]"
         last_exit = inst.get("last_exit_code")
         in_flight = inst.get("in_flight")
-        extra = [str(inst.get("node_id") or "-"), "-" if in_flight is None else str(in_flight)] if ray else []
+        extra = ["-" if in_flight is None else str(in_flight), format_limit(inst.get("limit_per_host"))]
+        extra += [str(inst.get("node_id") or "-")] if ray else []
         table.add_row(
             mark,
             instance_label(inst),
@@ -106,10 +144,18 @@ def print_status(instances: list[dict[str, Any]], out: TextIO) -> None:
             inst["uptime"],
             *extra,
         )
-    console = Console(file=out, width=320 if ray else 200)  # wide enough that no server name or URL is cut
+    console = Console(file=out, width=340 if ray else 240)  # wide enough that no server name or URL is cut
     console.print(table)
     healthy = sum(1 for i in instances if i["healthy"])
     console.print(f"{healthy} / {len(instances)} servers healthy")
     failed = [instance_label(i) for i in instances if i.get("state") == "failed"]
     if failed:
         console.print(f"failed (restart budget spent, stays down until ng_run is restarted): {', '.join(failed)}")
+    limits = {inst.get("limit_per_host") for inst in instances if inst.get("limit_per_host") is not None}
+    if limits:
+        shown = ", ".join(format_limit(limit) for limit in sorted(limits))
+        console.print(
+            f"limit/peer: requests a server sends at once to any one other server ({shown}; "
+            f"{LIMIT_PER_HOST_KEY}, set when starting ng_run); ng_collect_rollouts raises its own to "
+            f"+num_samples_in_parallel"
+        )

@@ -37,7 +37,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict
 
 from nemo_gym.config.types import BaseRunServerInstanceConfig, BaseServerConfig
-from nemo_gym.config.values import truthy
+from nemo_gym.config.values import config_get, truthy
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.http.client import NeMoGymHTTPError, ServerClient, get_response_json, raise_for_status
 from nemo_gym.serving.errors import NeMoGymExceptionMiddleware, eprint, validation_error_handler
@@ -182,18 +182,31 @@ class SimpleServer(BaseServer):
     # -- the rest of the app -------------------------------------------------------------------------------
 
     def setup_health_route(self, app: FastAPI) -> None:
-        """`GET /health` -> 200 `{"status": "ok", "name": <server id>, "in_flight": N}` (ng_run's readiness check;
+        """`GET /health` -> 200 `{"status": "ok", "name": <server id>, "in_flight": N, "client_limit_per_host": M}` (ng_run's readiness check;
         `in_flight`, the requests this process is answering besides this one, is what ng_status shows per
         replica; it is left out where uvicorn's state is not reachable, e.g. with several workers)."""
         if any(getattr(route, "path", None) == "/health" for route in app.router.routes):
             return
-        payload = {"status": "ok", "name": self.config.name}
+        payload: dict = {"status": "ok", "name": self.config.name}
+        limit = self.client_limit_per_host()
+        if limit is not None:
+            payload["client_limit_per_host"] = limit
 
         async def health() -> dict:
             count = in_flight()
             return payload if count is None else {**payload, "in_flight": count}
 
         app.add_api_route("/health", health, methods=["GET"], include_in_schema=False)
+
+    def client_limit_per_host(self) -> Optional[int]:
+        """How many requests this server's client has open to one peer at most (`/health` shows it, ng_status too)."""
+        from nemo_gym.http.transports import DEFAULT_CONNECTOR_LIMIT_PER_HOST
+
+        config = getattr(self.server_client, "global_config_dict", None)
+        try:
+            return int(config_get(config, "global_aiohttp_connector_limit_per_host", DEFAULT_CONNECTOR_LIMIT_PER_HOST))
+        except (TypeError, ValueError):
+            return None
 
     def setup_request_validation_logging(self, app: FastAPI) -> None:
         """Print request validation errors (errors and body, truncated), then answer FastAPI's 422 with every

@@ -31,6 +31,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from nemo_gym.http.stack_health import StackServerFailed
 from nemo_gym.serving.logs import log_access
 
 __all__ = [
@@ -45,7 +46,9 @@ __all__ = [
 # What a 422 answer keeps of each offending input (its repr, for anything that is not a short string or number).
 INPUT_EXCERPT_CHARS = 200
 # Upstream failures worth one log line, not a traceback: the peer is down, refused, reset or too slow.
-_UPSTREAM_ERRORS = (httpx.TransportError, aiohttp.ClientError, ConnectionError, asyncio.TimeoutError)
+_UPSTREAM_ERRORS = (
+    httpx.TransportError, aiohttp.ClientError, ConnectionError, asyncio.TimeoutError, StackServerFailed,
+)
 _LOG_BODY_CHARS = 2000
 
 

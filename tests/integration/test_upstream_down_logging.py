@@ -1,6 +1,7 @@
 """A model server that dies (and, with no restarts allowed, stays dead) while 64 rollouts hit its agent: every /run
 is answered 500 naming the dead server, and the agent's log says so in one line per failed call, with the retry
-lines collapsed, instead of a traceback per request in flight."""
+lines collapsed and no retries once the head server marks the server failed, instead of a traceback per request in
+flight."""
 
 from __future__ import annotations
 
@@ -47,4 +48,7 @@ def test_a_dead_model_server_is_one_line_per_failed_call_in_the_agent_not_a_trac
     failed = [line for line in agent_lines if "a call to another server failed" in line]
     retries = [line for line in agent_lines if "retrying in" in line]
     assert len(failed) == CALLS and all("policy_model" in line for line in failed)
-    assert 1 <= len(retries) <= 3, "\n".join(retries)  # one per kind and interval, not one per attempt
+    # At most one retry line per kind and interval, not one per attempt; once the head server says the model server
+    # has failed for good (no restarts allowed), calls stop retrying it at all and say so.
+    assert len(retries) <= 3, "\n".join(retries)
+    assert any("has failed" in line for line in failed), "\n".join(failed[:3])
