@@ -6,8 +6,8 @@ one running stack (`ng_run` of tests/fixtures/stack/configs/collect.yaml in fron
 collection must leave an earlier run's files byte for byte as they were. docs/errors.md describes the behaviour.
 
 Cases already covered elsewhere are not repeated: a missing config file for ng_dump_config, a misspelled server
-kind or implementation, an unset interpolation and a config with no server (tests/unit/test_cli.py); every kind of
-bad input line in-process (tests/unit/test_rollout_collection.py, tests/unit/test_train_data_utils.py).
+kind or implementation, an unset interpolation and a config with no server (tests/integration/test_cli_processes.py);
+every kind of bad input line in-process (tests/unit/test_rollout_collection.py, tests/unit/test_train_data_utils.py).
 """
 
 from __future__ import annotations

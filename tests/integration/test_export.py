@@ -3,11 +3,12 @@ gated_counter resources server, simple_agent), `ng_collect_rollouts` with repeat
 process for each kind. The fake LLM answers the first repeat of the counting task with reasoning, a correct tool
 call and token data (as vllm_model attaches it in training mode), the others with a wrong tool call, so the rewards
 differ between repeats and the exports have something to choose from. Every exported row is checked against the
-rollout it came from."""
+rollout it came from. And `ng_export` as a child process without pyarrow, asked for Parquet, says how to install it."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pyarrow.parquet as pq
 from nemo_gym.testing.script import rule, step, steps_rule, tool_call
 from nemo_gym.testing.stack import ChildProcess, FakeLLMBackend, NgRunStack, fake_llm_overrides
 from tests.conftest import FIXTURE_STACK, free_port
+from tests.unit.test_export import rollout, write_jsonl
 
 COLLECT = [sys.executable, "-c", "from nemo_gym.cli import collect_rollouts; collect_rollouts()"]
 EXPORT = [sys.executable, "-c", "from nemo_gym.cli import export; export()"]
@@ -166,3 +168,23 @@ def test_exports_of_collected_rollouts_match_the_rollouts(tmp_path):
     assert row["generation_token_ids"] == [4, 5, 6, 7, 8, 9]
     assert row["generation_log_probs"] == [-0.1, -0.2, 0.0, 0.0, -0.3, -0.4]
     assert row["loss_mask"] == [1, 1, 0, 0, 1, 1]
+
+
+def test_parquet_without_pyarrow_says_how_to_install_it(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", [rollout(0, 0, 1.0)])
+    code = (
+        "import sys; sys.modules['pyarrow'] = None\n"  # as if pyarrow were not installed
+        "from nemo_gym.cli import export; export()"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "sft", str(a), "-o", str(tmp_path / "o.parquet")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "nemo-gym[parquet]" in proc.stderr and "-o OUT.jsonl" in proc.stderr
+    assert not (tmp_path / "o.parquet").exists()
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "sft", str(a), "-o", str(tmp_path / "o.jsonl")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0 and len(read_jsonl(tmp_path / "o.jsonl")) == 1

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from nemo_gym.cli.commands import BY_NAME
+from nemo_gym.cli.legacy import dispatch, script_name
 from nemo_gym.testing.stack import ChildProcess, FakeLLMBackend
 from tests.conftest import FIXTURE_STACK, REPO_ROOT, free_port
 
@@ -136,6 +137,16 @@ def test_version_json_and_no_command(tmp_path):
     assert info["nemo_gym"] and info["python"]
     bare = gym(cwd=tmp_path)
     assert bare.returncode == 1 and "Usage: gym" in bare.stderr
+
+
+def test_legacy_dispatches_by_script_name(capsys):
+    """`dispatch` in this process; `ng_version` starts one (it reads the platform: `uname -p`)."""
+    assert script_name("/venv/bin/nemo_gym_collect_rollouts") == "collect_rollouts"
+    assert dispatch("/venv/bin/ng_version", ["+json=true"]) == 0
+    out, err = capsys.readouterr()
+    assert "nemo_gym" in json.loads(out) and "deprecated" not in err
+    assert dispatch("ng_no_such_thing", []) == 1
+    assert "no such command" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("script", ["ng_version", "nemo_gym_version"])

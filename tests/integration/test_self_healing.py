@@ -1,10 +1,12 @@
 """Self-healing with real processes (issue 15): `ng_run` restarts a server that was killed with SIGKILL (or that
 stopped answering /health) on the same address, clients ride through the restart, and a collection that was
 running completes with every row written once and no resume. Only the LLM is fake. No timed assertions: counts
-and outcomes, with generous bounded waits."""
+and outcomes, with generous bounded waits. At the end, the restart budget of ng_run's supervisor on a real exited
+process (the rest of its decisions are tests/unit/test_self_healing.py)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -16,10 +18,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from omegaconf import OmegaConf
 
+from nemo_gym.config.types import RestartPolicy
+from nemo_gym.runtime import launcher
+from nemo_gym.runtime.launcher import RunHelper, ServerProcess
 from nemo_gym.testing.stack import ChildProcess, FakeLLMBackend, NgRunStack, fake_llm_overrides, server_instances
 from tests.conftest import FIXTURE_STACK, free_port
 from tests.integration.test_collect_rollouts import TOOLS, read_jsonl as _read_jsonl
+from tests.unit.test_self_healing import spec
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -222,3 +229,46 @@ def test_a_server_that_crashes_on_start_is_not_restarted_and_ng_run_exits_with_i
     assert "simulated start-up failure" in stack.output
     assert "Restarting" not in stack.output and stack.output.count("ERROR: Server 'crashing_server'") == 1  # one report
     assert stack.output.rstrip().splitlines()[-1].startswith("error: ng_run: Server 'crashing_server'")
+
+
+# ------------------------------------------------------------------- the restart budget, on a real exited process
+
+
+def exited_server(policy: RestartPolicy, tmp_path: Path) -> ServerProcess:
+    server = ServerProcess(spec=spec({}), server_dir=tmp_path, host="127.0.0.1", port=1, policy=policy)
+    server.popen = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], start_new_session=True)
+    server.popen.wait()
+    server.tail.append("boom")
+    server.state = launcher.READY
+    return server
+
+
+def test_exits_are_restarted_until_the_budget_in_the_window_is_spent(tmp_path):
+    out = io.StringIO()
+    helper = RunHelper(OmegaConf.create({}), cwd=tmp_path, out=out)
+    server = exited_server(RestartPolicy(max_restarts=2, window_s=100, backoff_s=1, backoff_max_s=10), tmp_path)
+    helper.servers = [server]
+
+    helper._on_exit(server, now=1000.0)
+    assert (server.state, server.restarts, server.last_exit_code, server.next_restart_at) == (launcher.WAITING, 1, 3, 1001.0)
+    assert "exited with code 3" in out.getvalue() and "boom" in out.getvalue() and "Restarting it on" in out.getvalue()
+
+    helper._on_exit(server, now=1010.0)
+    assert (server.state, server.restarts, server.next_restart_at) == (launcher.WAITING, 2, 1012.0)
+
+    # A restart older than the window no longer counts.
+    helper._on_exit(server, now=1105.0)
+    assert (server.state, server.restarts) == (launcher.WAITING, 3)
+
+    helper._on_exit(server, now=1106.0)
+    assert server.state == launcher.FAILED and server.restarts == 3
+    assert "Restart budget spent" in out.getvalue()
+    assert helper.failed_servers() == [server]
+    assert server.display()["state"] == "failed" and server.display()["last_exit_code"] == 3
+
+
+def test_no_restarts_allowed_fails_at_once(tmp_path):
+    helper = RunHelper(OmegaConf.create({}), cwd=tmp_path, out=io.StringIO())
+    server = exited_server(RestartPolicy(max_restarts=0), tmp_path)
+    helper._on_exit(server, now=0.0)
+    assert server.state == launcher.FAILED and server.restarts == 0

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from nemo_gym.isolation.worker_pool import WorkerCrashed, WorkerError, WorkerPool, WorkerTimeout, function_name
-from tests.unit import worker_functions
-from tests.unit.worker_functions import crash, fail, pid, stuck_in_c_code
+from tests.integration import worker_functions
+from tests.integration.worker_functions import crash, fail, pid, stuck_in_c_code
 
 
 def test_pool_kills_a_worker_that_signals_cannot_stop():

@@ -415,15 +415,6 @@ def test_a_missing_benchmark_file_in_collation_says_how_to_prepare_it(roots):
         prepare_data(TrainDataProcessorConfig(output_dirpath=str(work / "out"), mode="train_preparation"), cfg)
 
 
-def test_benchmarks_can_be_prepared_in_separate_processes(roots):
-    first, _, _ = roots
-    one, two = _make_benchmark(first, "iota"), _make_benchmark(first, "kappa")
-    config = PrepareBenchmarkConfig(num_prepare_benchmark_processes=2, prepare_script_args={"num_rows": 5})
-    paths = prepare_benchmarks(config, _config_of(first, one, two))
-    assert [p.name for p in paths] == ["iota_benchmark.jsonl", "kappa_benchmark.jsonl"]
-    assert [len(p.read_text().splitlines()) for p in paths] == [5, 5]
-
-
 @pytest.mark.parametrize("kind", ["benchmarks", "environments"])
 def test_every_shipped_definition_builds_a_valid_stack_config(kind, monkeypatch):
     from nemo_gym.config.global_config import find_server_instances, parse_global_config

@@ -1,13 +1,12 @@
 """`ng export {sft,dpo,tokens}` on rollout files of the shape `ng_collect_rollouts` writes: what each kind keeps,
 the rows it writes (read back from JSONL and, with pyarrow, from Parquet), the drop counts, and the command line.
-tests/integration/test_export.py does the same on rollouts collected from a real stack."""
+tests/integration/test_export.py does the same on rollouts collected from a real stack, and runs `ng_export` as a
+child process without pyarrow."""
 
 from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -419,26 +418,6 @@ def test_bad_arguments_are_config_errors_that_name_the_key(tmp_path, capsys, arg
     err = capsys.readouterr().err
     assert err.startswith("error: ng_export: ") and message in err
     assert a.read_bytes() == before and not list(tmp_path.glob("out*"))
-
-
-def test_parquet_without_pyarrow_says_how_to_install_it(tmp_path):
-    a = write_jsonl(tmp_path / "a.jsonl", [rollout(0, 0, 1.0)])
-    code = (
-        "import sys; sys.modules['pyarrow'] = None\n"  # as if pyarrow were not installed
-        "from nemo_gym.cli import export; export()"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "sft", str(a), "-o", str(tmp_path / "o.parquet")],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert "nemo-gym[parquet]" in proc.stderr and "-o OUT.jsonl" in proc.stderr
-    assert not (tmp_path / "o.parquet").exists()
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "sft", str(a), "-o", str(tmp_path / "o.jsonl")],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 0 and len(read_jsonl(tmp_path / "o.jsonl")) == 1
 
 
 def test_hugging_face_datasets_loads_the_exports_when_installed(tmp_path, monkeypatch):

@@ -11,7 +11,6 @@ import pytest
 from nemo_gym.cli import gym
 from nemo_gym.cli.commands import BY_NAME
 from nemo_gym.cli.gym import ACTIONS, GymUsageError, completion_words, translate
-from nemo_gym.cli.legacy import dispatch, script_name
 
 
 def tr(*argv: str) -> tuple[str, list[str]]:
@@ -276,18 +275,6 @@ def test_list_components_finds_server_folders_and_earlier_roots_win(tmp_path, mo
 
 def test_fuzzy_filter_prefers_substrings():
     assert gym.fuzzy_filter("math", ["mathx", "my_awesome_thing_h", "other"]) == ["mathx", "my_awesome_thing_h"]
-
-
-# -------------------------------------------------------------------------------------------- legacy entry point
-
-
-def test_legacy_dispatches_by_script_name(capsys):
-    assert script_name("/venv/bin/nemo_gym_collect_rollouts") == "collect_rollouts"
-    assert dispatch("/venv/bin/ng_version", ["+json=true"]) == 0
-    out, err = capsys.readouterr()
-    assert "nemo_gym" in json.loads(out) and "deprecated" not in err
-    assert dispatch("ng_no_such_thing", []) == 1
-    assert "no such command" in capsys.readouterr().err
 
 
 def test_list_environments_reads_environment_folders(tmp_path, monkeypatch, capsys):

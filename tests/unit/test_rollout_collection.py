@@ -711,48 +711,6 @@ def test_config_parses_overrides_from_the_command_line(tmp_path, monkeypatch):
     assert c.max_attempts == 3 and c.num_samples_in_parallel is None and c.resume_from_cache is False
 
 
-INTERRUPTIBLE = """
-import asyncio, sys, httpx
-from nemo_gym.rollouts.collection import RolloutCollectionConfig, run_from_config
-from nemo_gym.http.client import ServerClient
-
-async def handler(request):
-    print("started", flush=True)
-    await asyncio.Event().wait()
-
-cfg = {"agent": {"responses_api_agents": {"impl": {"host": "127.0.0.1", "port": 9}}}}
-client = ServerClient(global_config_dict=cfg, transport=httpx.MockTransport(handler))
-config = RolloutCollectionConfig(
-    input_jsonl_fpath=sys.argv[1], output_jsonl_fpath=sys.argv[2], agent_name="agent", progress_bar=False
-)
-sys.exit(run_from_config(config, server_client=client))
-"""
-
-
-def test_ctrl_c_stops_cleanly_with_exit_code_130_and_a_resume_hint(tmp_path):
-    import signal
-    import subprocess
-    import sys
-
-    make_input(tmp_path, 3)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", INTERRUPTIBLE, str(tmp_path / "in.jsonl"), str(tmp_path / "o.jsonl")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout.readline().strip() == "started"
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err
-    assert "Interrupted" in err and "resume_from_cache=true" in err and "Traceback" not in err
-    assert (tmp_path / "o_materialized_inputs.jsonl").exists()
-
-
 def test_a_mistyped_agent_name_is_an_error_even_when_rows_name_their_agent(tmp_path):
     from nemo_gym.rollouts.collection import RolloutCollectionConfig, run_from_config
 

@@ -4,8 +4,9 @@
   that reports the path it got);
 - model servers: a prefixed call is served (observability off too), captured per rollout when on, in all three
   dialects, streamed or not, with the bytes the client got; unprefixed calls keep the hot routes;
-- the capture files (`CaptureStore`: whole lines from concurrent processes) and the collector's summary
-  (`merge_model_call_capture_into_record`, its gaps, `clear_capture`); the config check.
+- the capture files (`CaptureStore`) and the collector's summary (`merge_model_call_capture_into_record`, its gaps,
+  `clear_capture`); the config check. Whole lines from concurrent writer processes:
+  tests/integration/test_rollout_context_processes.py.
 
 Servers run for real (uvicorn) in front of the fake LLM (a real OpenAI-compatible HTTP server).
 """
@@ -14,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -308,24 +307,6 @@ def test_capture_config_needs_an_absolute_dir_when_enabled(tmp_path):
 
 # --------------------------------------------------------------------------------------------------------
 # The files and the collector's summary
-
-
-APPENDER = """
-import sys
-from nemo_gym.servers.model_call_capture import CaptureStore
-root, writer = sys.argv[1], sys.argv[2]
-store = CaptureStore(root)
-for i in range(25):
-    assert store.append("0-0", {"writer": writer, "i": i, "pad": writer * 100_000})
-"""
-
-
-def test_concurrent_appends_from_several_processes_keep_whole_lines(tmp_path):
-    writers = [subprocess.Popen([sys.executable, "-c", APPENDER, str(tmp_path), w]) for w in "abcd"]
-    assert [w.wait(timeout=120) for w in writers] == [0, 0, 0, 0]
-    lines = read_lines(tmp_path / "0-0.capture.jsonl")
-    assert sorted((e["writer"], e["i"]) for e in lines) == sorted((w, i) for w in "abcd" for i in range(25))
-    assert all(e["pad"] == e["writer"] * 100_000 for e in lines)
 
 
 def exchange(call_id: str, started: str, dialect: str, response: dict, latency: float, **extra) -> dict:

@@ -1,11 +1,9 @@
-"""Unit tests of ng_run's supervision decisions (restart policy, backoff, budget) and of ng_status's columns."""
+"""Unit tests of ng_run's supervision decisions (restart policy, backoff) and of ng_status's columns. The restart
+budget, spent on a real exited process, is in tests/integration/test_self_healing.py."""
 
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -13,8 +11,7 @@ from omegaconf import OmegaConf
 from nemo_gym.config.known_keys import GlobalKeys
 from nemo_gym.config.types import RestartPolicy, ServerImplConfig, ServerInstanceSpec
 from nemo_gym.errors import NeMoGymConfigError
-from nemo_gym.runtime import launcher
-from nemo_gym.runtime.launcher import RunHelper, ServerProcess, restart_delay, restart_policy_for
+from nemo_gym.runtime.launcher import restart_delay, restart_policy_for
 from nemo_gym.runtime.status import print_status
 
 
@@ -50,46 +47,6 @@ def test_server_blocks_accept_restart_policy():
 def test_backoff_doubles_and_is_capped():
     policy = RestartPolicy(backoff_s=0.5, backoff_max_s=3)
     assert [restart_delay(policy, n) for n in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
-
-
-def exited_server(policy: RestartPolicy, tmp_path: Path) -> ServerProcess:
-    server = ServerProcess(spec=spec({}), server_dir=tmp_path, host="127.0.0.1", port=1, policy=policy)
-    server.popen = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], start_new_session=True)
-    server.popen.wait()
-    server.tail.append("boom")
-    server.state = launcher.READY
-    return server
-
-
-def test_exits_are_restarted_until_the_budget_in_the_window_is_spent(tmp_path):
-    out = io.StringIO()
-    helper = RunHelper(OmegaConf.create({}), cwd=tmp_path, out=out)
-    server = exited_server(RestartPolicy(max_restarts=2, window_s=100, backoff_s=1, backoff_max_s=10), tmp_path)
-    helper.servers = [server]
-
-    helper._on_exit(server, now=1000.0)
-    assert (server.state, server.restarts, server.last_exit_code, server.next_restart_at) == (launcher.WAITING, 1, 3, 1001.0)
-    assert "exited with code 3" in out.getvalue() and "boom" in out.getvalue() and "Restarting it on" in out.getvalue()
-
-    helper._on_exit(server, now=1010.0)
-    assert (server.state, server.restarts, server.next_restart_at) == (launcher.WAITING, 2, 1012.0)
-
-    # A restart older than the window no longer counts.
-    helper._on_exit(server, now=1105.0)
-    assert (server.state, server.restarts) == (launcher.WAITING, 3)
-
-    helper._on_exit(server, now=1106.0)
-    assert server.state == launcher.FAILED and server.restarts == 3
-    assert "Restart budget spent" in out.getvalue()
-    assert helper.failed_servers() == [server]
-    assert server.display()["state"] == "failed" and server.display()["last_exit_code"] == 3
-
-
-def test_no_restarts_allowed_fails_at_once(tmp_path):
-    helper = RunHelper(OmegaConf.create({}), cwd=tmp_path, out=io.StringIO())
-    server = exited_server(RestartPolicy(max_restarts=0), tmp_path)
-    helper._on_exit(server, now=0.0)
-    assert server.state == launcher.FAILED and server.restarts == 0
 
 
 def test_status_table_shows_state_restarts_last_exit_and_uptime():

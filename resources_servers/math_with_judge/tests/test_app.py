@@ -315,7 +315,7 @@ def test_http_server_keeps_serving_after_a_timeout():
 
 # ----------------------------------------------------------------------------------------------- the worker pool
 
-# The pool's own mechanics (timeouts, crashes, concurrency) are tested in tests/unit/test_worker_pool.py.
+# The pool's own mechanics (timeouts, crashes, concurrency) are tested in tests/integration/test_worker_pool.py.
 
 
 def test_workers_start_lazily():
