@@ -234,15 +234,18 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         limit = self.max_body
+        cycle = self.cycle
         if limit is not None:
             for name, value in self.headers:
                 if name == b"content-length":
                     if value.isdigit() and int(value) > limit:
+                        if cycle is not None and not cycle.response_complete:  # pipelined behind an open answer
+                            self.transport.close()  # answering now would answer out of order
+                            return
                         self.cycle = _RefusedCycle(self, self.scope, int(value), limit)  # type: ignore[assignment]
                         return
                     break
         hot_routes = self.hot_routes
-        cycle = self.cycle
         parser = self.parser
         if (
             hot_routes is not None
@@ -286,7 +289,11 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
             self._refuse_now(None)
 
     def _refuse_now(self, size: Optional[int]) -> None:
-        """A body without `Content-Length` grew past `max_body`: answer 413 and close, in the middle of it."""
+        """A body without `Content-Length` grew past `max_body`: answer 413 and close, in the middle of it (just
+        close when earlier requests of this connection are still waiting for their answers)."""
+        if self.pipeline:
+            self.transport.close()
+            return
         refused = _RefusedCycle(self, self.scope, size, self.max_body or 0)
         self.cycle = refused  # type: ignore[assignment]
         refused.answer()
