@@ -1299,6 +1299,8 @@ class CollectionOutcome:
     recovered: set[int] = field(default_factory=set)  # keys with failure lines of earlier runs that succeeded now
     # Set when the collection stopped because a server its agents need has failed (`http/stack_health.py`).
     stopped: Optional[StackServerFailed] = None
+    # The drift check of each new rollout's token trajectory, counted as it is written (`workbench/tokens.py`).
+    trajectories: Optional[Any] = None
 
 
 async def _collect(
@@ -1310,6 +1312,9 @@ async def _collect(
     outcome: CollectionOutcome,
     stack_health: Optional[StackHealth] = None,
 ) -> None:
+    from nemo_gym.workbench.tokens import TrajectoryCounts, classify_trajectory
+
+    outcome.trajectories = TrajectoryCounts()
     with open(paths.output, "ab") as out, open(paths.failures, "ab") as fails:
         try:
             async for result in iter_rollouts(
@@ -1324,6 +1329,8 @@ async def _collect(
                 stack_health=stack_health,
             ):
                 record_result(result, out, fails, outcome)
+                if result.ok:
+                    outcome.trajectories.add(classify_trajectory(result.result))
                 display.update(result)
                 if result.ok and outcome.history is not None and outcome.history.recorded:
                     key = rollout_key(result.task_index, result.rollout_index)
@@ -1723,6 +1730,9 @@ def _print_outcome(outcome: CollectionOutcome) -> None:
 
         print(f"Aggregate metrics:   {paths.aggregate_metrics}")
         print_key_metrics(outcome.aggregate_entries)
+    trajectories = outcome.trajectories
+    if trajectories is not None and trajectories.with_token_data:  # nothing when no rollout carries token ids
+        print(f"Token data of the {trajectories.total} new rollouts: {trajectories.summary()}.")
     if outcome.failed:
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(outcome.failure_types.items()))
         where = f"details in {paths.failures}"

@@ -10,7 +10,11 @@
   at least `min_reward`, and at most `pairs_per_task` pairs (default 1: best against worst). Each rollout is in at
   most one pair.
 - `tokens`: per rollout the token ids, log probs and loss mask the model server captured
-  (`nemo_gym.workbench.tokens`).
+  (`nemo_gym.workbench.tokens`), and `token_trajectory`, the drift check of that rollout: `exact` (every prompt
+  continues the tokens before it and no model call says it was re-tokenized) or `retokenized` (joinable, but the
+  model server says it rebuilt some prompt from text). Re-tokenized rollouts are kept and marked by default;
+  `drop_retokenized=true` (`--drop-retokenized`) drops them under the reason `retokenized`. Unusable ones are
+  dropped with their reason as before; the counts exact / re-tokenized / unusable are printed at the end.
 
 `reward_component=<name>` (`--reward-component`) ranks and thresholds by one entry of a multi-reward verifier's
 `reward_components` instead of `reward`, and exports that value as the row's reward.
@@ -47,7 +51,7 @@ from nemo_gym.workbench.conversation import (
 )
 from nemo_gym.workbench.export_files import RowWriter, open_rows, output_format, require_pyarrow
 from nemo_gym.workbench.task_groups import Member, TaskGroups, task_key
-from nemo_gym.workbench.tokens import token_trajectory
+from nemo_gym.workbench.tokens import RETOKENIZED, TRAJECTORY_FLAG, TrajectoryCounts, classify_trajectory
 
 __all__ = ["ExportConfig", "ExportReport", "DROP_REASONS", "choose_pairs", "export_rollouts"]
 
@@ -74,6 +78,8 @@ DROP_REASONS = {
     "no_token_data": "no token ids: the model server did not capture them (vllm_model return_token_id_information)",
     "token_data_mismatch": "token data missing on some model output, or ids and log probs of different lengths",
     "tokens_not_contiguous": "a model call's prompt does not start with the tokens before it (re-rendered history)",
+    "retokenized": "the model server re-tokenized some prompt (token_trajectory: retokenized); "
+    "dropped by +drop_retokenized=true",
 }
 
 
@@ -116,6 +122,12 @@ class ExportConfig(BaseNeMoGymCLIConfig):
     include_incomplete: bool = Field(
         default=False, description="sft/dpo: also export responses that stopped early (e.g. max_output_tokens)."
     )
+    drop_retokenized: bool = Field(
+        default=False,
+        description="tokens: drop rollouts whose model server re-tokenized a prompt (token_trajectory: retokenized). "
+        "Default false: keep them, marked token_trajectory=retokenized in their row (exact ones say exact), and "
+        "count them in the summary.",
+    )
 
     def input_paths(self) -> list[Path]:
         names = [self.input_jsonl_fpath] if isinstance(self.input_jsonl_fpath, str) else list(self.input_jsonl_fpath)
@@ -136,6 +148,8 @@ class ExportReport:
     paired_rollouts: int = 0  # dpo: rollouts that went into the pairs
     dropped: Counter = field(default_factory=Counter)
     examples: dict[str, str] = field(default_factory=dict)
+    trajectories: Optional[TrajectoryCounts] = None  # tokens: the drift check of every rollout classified
+    drop_retokenized: bool = False
 
     def drop(self, reason: str, detail: str = "", count: int = 1) -> None:
         self.dropped[reason] += count
@@ -153,6 +167,12 @@ class ExportReport:
         if self.kind == "dpo":
             head += f" (from {self.paired_rollouts} rollouts)"
         out = [f"{head} -> {self.output}"]
+        if self.trajectories is not None:
+            counts = self.trajectories
+            fate = "dropped" if self.drop_retokenized else f"kept, marked {TRAJECTORY_FLAG}={RETOKENIZED}"
+            out.append(f"{counts.summary()}; re-tokenized ones {fate}")
+            if counts.retokenized and RETOKENIZED in counts.examples:
+                out.append(f"  first re-tokenized: {counts.examples[RETOKENIZED]}")
         total = sum(self.dropped.values())
         if total:
             out.append(f"dropped {total} rollout(s):")
@@ -343,14 +363,23 @@ def _export_dpo(config: ExportConfig, rollouts: Iterable[dict], writer: RowWrite
 
 
 def _export_tokens(config: ExportConfig, rollouts: Iterable[dict], writer: RowWriter, report: ExportReport) -> None:
+    counts = report.trajectories = TrajectoryCounts()
+    report.drop_retokenized = config.drop_retokenized
     for rollout in rollouts:
         try:
             response_output(rollout)  # failed rollouts first, whatever the reward filter says
             reward = _rated(rollout, config, needs_reward=False)
-            trajectory = token_trajectory(rollout)
         except Unusable as exc:
             report.drop(exc.reason, exc.detail)
             continue
+        checked = counts.add(classify_trajectory(rollout))
+        if checked.trajectory is None:
+            report.drop(checked.reason or "unknown", checked.detail)
+            continue
+        if checked.kind == RETOKENIZED and config.drop_retokenized:
+            report.drop(RETOKENIZED, checked.detail)
+            continue
+        trajectory = checked.trajectory
         writer.write(
             {
                 "prompt_token_ids": trajectory.prompt_token_ids,
@@ -358,6 +387,7 @@ def _export_tokens(config: ExportConfig, rollouts: Iterable[dict], writer: RowWr
                 "generation_log_probs": trajectory.generation_log_probs,
                 "loss_mask": trajectory.loss_mask,
                 "num_model_calls": trajectory.num_model_calls,
+                TRAJECTORY_FLAG: checked.kind,
                 "reward": reward,
                 **_meta(rollout),
             }

@@ -70,7 +70,7 @@ def arrow_schema(kind: str, reasoning_field: bool = False) -> Any:
     elif kind == "tokens":
         fields = [("prompt_token_ids", pa.list_(pa.int64())), ("generation_token_ids", pa.list_(pa.int64())),
                   ("generation_log_probs", pa.list_(pa.float64())), ("loss_mask", pa.list_(pa.int8())),
-                  ("num_model_calls", pa.int64()), ("reward", pa.float64()), *common, ("_ng_rollout_index", pa.int64())]
+                  ("num_model_calls", pa.int64()), ("token_trajectory", pa.string()), ("reward", pa.float64()), *common, ("_ng_rollout_index", pa.int64())]
     else:
         raise ValueError(f"unknown export kind {kind!r}")
     return pa.schema(fields)

@@ -42,6 +42,20 @@ the call they just made and an agent would loop until its step limit.
 
 A requested JSON output format (Responses `text.format` / Chat `response_format`, `json_schema` or
 `json_object`) constrains the message text the same way.
+
+Training mode (`return_token_id_information: true`, the vllm_model key)
+-----------------------------------------------------------------------
+The last output item of each call (the chat message, on /v1/chat/completions) carries `prompt_token_ids`,
+`generation_token_ids` and `generation_log_probs`, like vllm_model's, plus `token_trajectory` ("exact" or
+"retokenized", and `token_trajectory_reason` when not exact). The prompt is built token-in/token-out
+(`nemo_gym.api.token_continuation`): when the input holds the previous call's items with their token ids (as
+agents send them back), the prompt is that call's prompt ids + its generated ids + only the text rendered after
+that turn (tool results, new messages, the generation prompt), tokenized alone; a first call's prompt is the
+rendered conversation tokenized. Generation then runs from those ids (`Llama.generate`, the same sampler settings
+as the chat path), so the prompt the model reads IS the prompt reported. Generated ids include the end-of-turn
+token the model sampled (`<|im_end|>`); each log prob is log softmax of the model's raw logits at that step (before
+temperature, top-p and the grammar, like vLLM's default). Needs the GGUF's own chat template (`chat_format` unset).
+Outside training mode none of this runs.
 """
 
 from __future__ import annotations
@@ -64,11 +78,13 @@ from pydantic import PrivateAttr
 
 from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
 from nemo_gym.api.chat_conversion import build_response, new_item_id
+from nemo_gym.api.token_continuation import PromptIds, continuation_prompt_ids
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.openai_utils import (
     NeMoGymChatCompletion,
     NeMoGymChatCompletionCreateParamsNonStreaming,
     NeMoGymChatCompletionMessage,
+    NeMoGymChatCompletionMessageForTraining,
     NeMoGymChatCompletionMessageToolCall,
     NeMoGymChoice,
     NeMoGymCompletionUsage,
@@ -92,6 +108,7 @@ __all__ = [
     "Generation",
     "envelope_schema",
     "forced_tool",
+    "LlamaChatTokenizer",
 ]
 
 
@@ -122,6 +139,8 @@ class LocalLlamaModelConfig(BaseResponsesAPIModelConfig):
     top_p: float = 0.95
     # llama.cpp's own logging (model loading details, timings).
     verbose: bool = False
+    # Training mode (vllm_model's key): token ids and log probs on the output, prompts built token-in/token-out.
+    return_token_id_information: bool = False
 
 
 # =====================================================================================================
@@ -183,6 +202,60 @@ class LoadedModel:
     # generations would only slow each other down.
     executor: ThreadPoolExecutor
     grammar_cache: dict[str, Any] = field(default_factory=dict)
+    _chat_tokenizer: Optional["LlamaChatTokenizer"] = None
+
+    @property
+    def chat_tokenizer(self) -> "LlamaChatTokenizer":
+        """The model's tokenizer and chat template for token-in/token-out prompts (training mode)."""
+        if self._chat_tokenizer is None:
+            self._chat_tokenizer = LlamaChatTokenizer(self.llama)
+        return self._chat_tokenizer
+
+
+class LlamaChatTokenizer:
+    """`nemo_gym.api.token_continuation.ChatTokenizer` for a llama-cpp-python model: the GGUF's chat template
+    rendered by llama-cpp-python's own Jinja2 formatter, tokenized the way its chat handler tokenizes a prompt
+    (special tokens parsed; no BOS added, the template writes what it needs). Works on a `vocab_only` model."""
+
+    def __init__(self, llama: Any) -> None:
+        from llama_cpp import llama_chat_format
+
+        template = llama.metadata.get("tokenizer.chat_template")
+        if not template or llama.chat_format not in (None, "chat_template.default"):
+            raise NeMoGymConfigError(
+                f"local_llama_model: return_token_id_information needs the GGUF's own chat template, but "
+                f"chat_format is {llama.chat_format!r} and the GGUF has "
+                f"{'a' if template else 'no'} `tokenizer.chat_template`. Unset `chat_format`, or use a GGUF that "
+                f"ships a chat template."
+            )
+        self._llama = llama
+        eos, bos = llama.token_eos(), llama.token_bos()
+        eos_text = llama._model.token_get_text(eos) if eos != -1 else ""
+        bos_text = llama._model.token_get_text(bos) if bos != -1 else ""
+        self._formatters = {
+            flag: llama_chat_format.Jinja2ChatFormatter(
+                template=template, eos_token=eos_text, bos_token=bos_text, add_generation_prompt=flag
+            )
+            for flag in (True, False)
+        }
+        self.vocab_size = int(llama.n_vocab())
+
+    def render(self, messages: Any, add_generation_prompt: bool) -> str:
+        return self._formatters[bool(add_generation_prompt)](messages=list(messages)).prompt
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)) if text else []
+
+    def prompt_start_ids(self) -> list[int]:
+        return []  # Jinja2ChatFormatter reports added_special=True: the chat handler adds no BOS
+
+    def detokenize(self, ids: Any) -> str:
+        return self._llama.detokenize(list(ids), special=True).decode("utf-8", errors="replace")
+
+    def is_end_of_generation(self, token_id: int) -> bool:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_vocab_is_eog(self._llama._model.vocab, token_id))
 
 
 _MODELS: dict[tuple, LoadedModel] = {}
@@ -488,18 +561,35 @@ class _Conversation:
     """Builds the message list; consecutive assistant contributions (text and calls) merge into one message."""
 
     def __init__(self) -> None:
-        self.messages: list[dict[str, str]] = []
+        self.messages: list[dict[str, Any]] = []
         self.calls: dict[str, tuple[str, str]] = {}  # call_id -> (name, canonical arguments)
         self.answered: set[tuple[str, str]] = set()  # calls whose result is in the conversation
+        # Training mode: why the last assistant turn's token ids cannot be continued (None: they can).
+        self.token_problem: Optional[str] = None
 
     def add(self, role: str, content: str) -> None:
         if role == "developer":
             role = "system"
         if role == "assistant" and self.messages and self.messages[-1]["role"] == "assistant":
-            previous = self.messages[-1]["content"]
-            self.messages[-1]["content"] = f"{previous}\n{content}" if previous else content
+            last = self.messages[-1]
+            previous = last["content"]
+            last["content"] = f"{previous}\n{content}" if previous else content
+            if "prompt_token_ids" in last:
+                # Content the call did not generate merged into its turn: unless a later item brings the token
+                # ids of a call that covers it, the turn's ids no longer match the turn.
+                self.token_problem = "an assistant item follows the item carrying the previous call's token ids"
             return
         self.messages.append({"role": role, "content": content})
+
+    def attach_tokens(self, item: Any) -> None:
+        """Training mode: the token ids an earlier call put on this item go on the assistant turn just added."""
+        prompt = _get(item, "prompt_token_ids")
+        if prompt is None or not self.messages or self.messages[-1]["role"] != "assistant":
+            return
+        last = self.messages[-1]
+        last["prompt_token_ids"] = prompt
+        last["generation_token_ids"] = _get(item, "generation_token_ids")
+        self.token_problem = None
 
     def add_call(self, call_id: Optional[str], name: str, arguments: str) -> None:
         if call_id:
@@ -521,7 +611,9 @@ def canonical_arguments(arguments: str) -> str:
         return arguments
 
 
-def responses_conversation(params: NeMoGymResponseCreateParamsNonStreaming) -> _Conversation:
+def responses_conversation(
+    params: NeMoGymResponseCreateParamsNonStreaming, *, training: bool = False
+) -> _Conversation:
     conv = _Conversation()
     if params.instructions:
         conv.add("system", params.instructions)
@@ -533,8 +625,12 @@ def responses_conversation(params: NeMoGymResponseCreateParamsNonStreaming) -> _
         where = f"input[{i}]"
         if kind == "message":
             conv.add(_get(item, "role"), _text_of(_get(item, "content"), where=where))
+            if training:
+                conv.attach_tokens(item)
         elif kind == "function_call":
             conv.add_call(_get(item, "call_id"), _get(item, "name"), _get(item, "arguments") or "")
+            if training:
+                conv.attach_tokens(item)
         elif kind == "function_call_output":
             output = _get(item, "output")
             conv.add_result(_get(item, "call_id"), output if isinstance(output, str) else _text_of(output, where=where))
@@ -545,7 +641,9 @@ def responses_conversation(params: NeMoGymResponseCreateParamsNonStreaming) -> _
     return conv
 
 
-def chat_conversation(params: NeMoGymChatCompletionCreateParamsNonStreaming) -> _Conversation:
+def chat_conversation(
+    params: NeMoGymChatCompletionCreateParamsNonStreaming, *, training: bool = False
+) -> _Conversation:
     conv = _Conversation()
     for i, message in enumerate(params.messages):
         role = _get(message, "role")
@@ -560,6 +658,8 @@ def chat_conversation(params: NeMoGymChatCompletionCreateParamsNonStreaming) -> 
             for call in _get(message, "tool_calls") or []:
                 function = _get(call, "function")
                 conv.add_call(_get(call, "id"), _get(function, "name"), _get(function, "arguments") or "")
+            if training:
+                conv.attach_tokens(message)
             continue
         conv.add(role, content)
     return conv
@@ -611,6 +711,8 @@ class Generation:
     prompt_tokens: int
     completion_tokens: int
     raw: str = ""
+    # Training mode: prompt_token_ids, generation_token_ids, generation_log_probs, token_trajectory[, _reason]
+    tokens: Optional[dict[str, Any]] = None
 
 
 @dataclass
@@ -628,6 +730,9 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     # (name, canonical arguments) of calls already answered in the conversation (the repeat guard, below)
     answered_calls: frozenset = frozenset()
+    # Training mode: generate from token-in/token-out prompt ids and return token data.
+    training: bool = False
+    token_problem: Optional[str] = None
 
 
 _MESSAGE_START = re.compile(r'^\{\s*"type"\s*:\s*"message"\s*,\s*"content"\s*:\s*"')
@@ -662,6 +767,79 @@ def _complete(loaded: LoadedModel, req: GenerationRequest, messages: list[dict[s
     if req.stop:
         kwargs["stop"] = req.stop
     return loaded.llama.create_chat_completion(**kwargs)
+
+
+def _token_generation(loaded: LoadedModel, req: GenerationRequest, prompt: PromptIds, grammar: Any) -> Generation:
+    """Training mode: generate from the prompt ids themselves and keep every sampled id with its log prob.
+
+    The sampler settings are those of llama-cpp-python's chat handler (top_k 40, min_p 0.05, repeat_penalty 1.1,
+    the seed handling of `create_completion`), so a training-mode answer is drawn like a plain one. A generation
+    ends on an end-of-generation token (kept, with its log prob: the model chose to stop), on a stop string (the
+    ids keep the token that completed it, the text stops before it) or at the token limit."""
+    import random
+
+    import llama_cpp
+    import numpy as np
+
+    llama = loaded.llama
+    prompt_ids = prompt.ids
+    n_ctx = llama.n_ctx()
+    if len(prompt_ids) >= n_ctx:
+        raise ValueError(f"Requested tokens ({len(prompt_ids)}) exceed context window of {n_ctx}")
+    max_tokens = min(req.max_tokens, n_ctx - len(prompt_ids))
+    llama.set_seed(req.seed if req.seed is not None else random.Random(llama._seed).randint(0, 2**32))
+    vocab = llama._model.vocab
+    n_vocab = llama.n_vocab()
+    stops = [s.encode("utf-8") for s in (req.stop or []) if s]
+    ids: list[int] = []
+    log_probs: list[float] = []
+    finish = "length"
+    end = None  # bytes of text to keep when a stop string cut it
+    for token in llama.generate(
+        prompt_ids,
+        top_k=40,
+        top_p=req.top_p,
+        min_p=0.05,
+        temp=req.temperature,
+        repeat_penalty=1.1,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        grammar=grammar,
+    ):
+        # The logits the token was sampled from (the last decoded position), raw: log softmax over the vocabulary.
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llama._ctx.ctx, -1), shape=(n_vocab,))
+        top = float(logits.max())
+        log_probs.append(float(logits[token]) - top - float(np.log(np.exp(logits - top).sum())))
+        ids.append(int(token))
+        if llama_cpp.llama_vocab_is_eog(vocab, token):
+            finish = "stop"
+            break
+        if stops:
+            text = llama.detokenize(ids, prev_tokens=prompt_ids)
+            hit = [text.index(s) for s in stops if s in text]
+            if hit:
+                end, finish = text[: min(hit)], "stop"
+                break
+        if len(ids) >= max_tokens:
+            break
+    text_ids = ids[:-1] if finish == "stop" and end is None else ids
+    raw = (end if end is not None else llama.detokenize(text_ids, prev_tokens=prompt_ids)).decode(
+        "utf-8", errors="ignore"
+    )
+    return Generation(
+        text=raw,
+        calls=[],
+        finish_reason=finish,
+        prompt_tokens=len(prompt_ids),
+        completion_tokens=len(ids),
+        raw=raw,
+        tokens={
+            "prompt_token_ids": list(prompt_ids),
+            "generation_token_ids": ids,
+            "generation_log_probs": log_probs,
+            **prompt.annotations(),
+        },
+    )
 
 
 def _generation(result: dict) -> Generation:
@@ -708,18 +886,28 @@ def run_generation(loaded: LoadedModel, req: GenerationRequest) -> Generation:
     right after getting its result, which would loop an agent until its step limit. Such a call is discarded
     and the reply is generated again, constrained to a message; the usage counts that second generation."""
     use_envelope = req.choice.mode != "none" and bool(req.tools)
-    if not use_envelope:
-        grammar = _grammar_for(loaded, req.content_schema) if req.content_schema is not None else None
-        return _generation(_complete(loaded, req, req.messages, grammar))
+    messages = req.messages
+    if use_envelope:
+        messages = with_system_text(req.messages, tools_system_prompt(req.tools, req.choice))
+    prompt: Optional[PromptIds] = None
+    if req.training:  # token-in/token-out prompt ids, once per request (the repeat guard reuses them)
+        prompt = continuation_prompt_ids(loaded.chat_tokenizer, messages, fallback_reason=req.token_problem)
 
-    messages = with_system_text(req.messages, tools_system_prompt(req.tools, req.choice))
+    def complete(grammar: Any) -> Generation:
+        if prompt is not None:
+            return _token_generation(loaded, req, prompt, grammar)
+        return _generation(_complete(loaded, req, messages, grammar))
+
+    if not use_envelope:
+        return complete(_grammar_for(loaded, req.content_schema) if req.content_schema is not None else None)
+
     grammar = _grammar_for(
         loaded,
         envelope_schema(req.tools, req.choice, req.content_schema),
         envelope_schema(req.tools, req.choice, req.content_schema, relaxed=True),
     )
     forced = forced_tool(req.tools, req.choice)
-    gen = _interpret(_generation(_complete(loaded, req, messages, grammar)), forced)
+    gen = _interpret(complete(grammar), forced)
     if req.choice.mode == "auto" and gen.calls and req.answered_calls:
         name, arguments = gen.calls[0]
         if (name, canonical_arguments(arguments)) in req.answered_calls:
@@ -727,7 +915,7 @@ def run_generation(loaded: LoadedModel, req: GenerationRequest) -> Generation:
             message_only = envelope_schema(req.tools, ToolChoice("auto", names=()), req.content_schema)
             fallback = envelope_schema(req.tools, ToolChoice("auto", names=()), req.content_schema, relaxed=True)
             grammar = _grammar_for(loaded, message_only, fallback)
-            gen = _interpret(_generation(_complete(loaded, req, messages, grammar)), None)
+            gen = _interpret(complete(grammar), None)
     return gen
 
 
@@ -744,6 +932,8 @@ class LocalLlamaModel(SimpleResponsesAPIModel):
         # Load at start-up: a missing package or a bad path fails before the server reports healthy, and the
         # first request does not pay for loading.
         _ = self.loaded
+        if self.config.return_token_id_information:
+            _ = self.loaded.chat_tokenizer  # a model without a usable chat template fails here, not per request
         return super().setup_webserver()
 
     @property
@@ -813,6 +1003,8 @@ class LocalLlamaModel(SimpleResponsesAPIModel):
             stop=[stop] if isinstance(stop, str) else stop,
             presence_penalty=presence_penalty or 0.0,
             frequency_penalty=frequency_penalty or 0.0,
+            training=self.config.return_token_id_information,
+            token_problem=conv.token_problem,
         )
 
     # -- /v1/responses -------------------------------------------------------------------------------------
@@ -820,7 +1012,7 @@ class LocalLlamaModel(SimpleResponsesAPIModel):
     async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> NeMoGymResponse:
         tools = parse_tools(body.tools)
         choice = parse_tool_choice(body.tool_choice, tools)
-        conv = responses_conversation(body)
+        conv = responses_conversation(body, training=self.config.return_token_id_information)
         req = self._request(
             conv,
             tools=tools,
@@ -856,6 +1048,8 @@ class LocalLlamaModel(SimpleResponsesAPIModel):
                     "status": "completed",
                 }
             )
+        if gen.tokens is not None and output:  # training mode: on the call's last item, as vllm_model does
+            output[-1].update(gen.tokens)
         # The shared builder echoes the request the same way vllm_model does.
         response = build_response(
             body.model_dump(exclude_unset=True, exclude={"input"}),
@@ -875,7 +1069,7 @@ class LocalLlamaModel(SimpleResponsesAPIModel):
             raise _bad_request("local_llama_model generates one choice per request (n must be 1).")
         tools = parse_tools(body.tools)
         choice = parse_tool_choice(body.tool_choice, tools)
-        conv = chat_conversation(body)
+        conv = chat_conversation(body, training=self.config.return_token_id_information)
         req = self._request(
             conv,
             tools=tools,
@@ -902,7 +1096,13 @@ class LocalLlamaModel(SimpleResponsesAPIModel):
                 NeMoGymChoice(
                     index=0,
                     finish_reason=gen.finish_reason,
-                    message=NeMoGymChatCompletionMessage(content=gen.text, tool_calls=tool_calls or None),
+                    message=(
+                        NeMoGymChatCompletionMessage(content=gen.text, tool_calls=tool_calls or None)
+                        if gen.tokens is None
+                        else NeMoGymChatCompletionMessageForTraining(
+                            content=gen.text, tool_calls=tool_calls or None, **gen.tokens
+                        )
+                    ),
                 )
             ],
             usage=NeMoGymCompletionUsage(

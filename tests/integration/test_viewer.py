@@ -374,3 +374,60 @@ def test_reward_components_and_a_judge_failure_in_a_real_browser(browser, tmp_pa
         next(r for r in css("#failures tbody tr") if "judge_failed" in r.text).click()
         wait(lambda: "Answer: 25 (judged)" in css("#detail")[0].text, "the unscored episode")
         assert "judge down" in css("#detail")[0].text
+
+
+def test_token_trajectory_column_and_counts_in_a_real_browser(browser, tmp_path):
+    """Rollouts with token ids: the table shows each one's drift check (exact / re-tokenized / unusable) and the
+    summary counts them, from the same classification as `ng export tokens`."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def episode(task_index: int, second_prompt: list, flag=None) -> dict:
+        call = {**function_call("lookup", {"q": "x"}), "prompt_token_ids": [1, 2], "generation_token_ids": [5],
+                "generation_log_probs": [-0.1]}  # fmt: skip
+        answer = make_response("ok").model_dump(mode="json")["output"][0]
+        answer.update(prompt_token_ids=second_prompt, generation_token_ids=[8], generation_log_probs=[-0.2])
+        if flag:
+            answer["token_trajectory"] = flag
+        response = make_response(call, function_call_output("found"), answer).model_dump(mode="json")
+        return {**task(f"question {task_index}", 0, 0), "_ng_task_index": task_index, "_ng_rollout_index": 0,
+                "reward": 1.0, "response": response}  # fmt: skip
+
+    path = tmp_path / "rollouts.jsonl"
+    rows = [episode(0, [1, 2, 5, 7]), episode(1, [1, 2, 5, 7], "retokenized"), episode(2, [1, 9], "retokenized")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def css(selector: str):
+        return browser.find_elements(By.CSS_SELECTOR, selector)
+
+    def wait(condition, what: str):
+        try:
+            return WebDriverWait(browser, WAIT_S).until(lambda _: condition())
+        except TimeoutException:
+            raise AssertionError(f"the page never showed {what}:\n{css('body')[0].text}") from None
+
+    port = free_port()
+    with ChildProcess(
+        [*NG, "view", str(path), "--no-browser", "--port", str(port)],
+        env={"NEMO_GYM_VIEW_CACHE": str(tmp_path / "cache")},
+        name="ng view",
+    ) as proc:
+        proc.wait_http_ok(f"http://127.0.0.1:{port}/api/status", timeout=60)
+        browser.get(f"http://127.0.0.1:{port}/")
+        wait(lambda: len(css("tr.rollout-row .traj")) == 3, "a trajectory badge on each of the 3 rollouts")
+        badges = {r.find_elements(By.CSS_SELECTOR, "td")[0].text: r.find_element(By.CSS_SELECTOR, ".traj").text
+                  for r in css("tr.rollout-row")}  # fmt: skip
+        assert badges == {"0": "exact", "1": "re-tokenized", "2": "unusable: tokens_not_contiguous"}, badges
+        css('#tabs button[data-tab="summary"]')[0].click()
+        wait(lambda: css("#trajectories .traj"), "the token trajectory counts")
+        counts = [b.text for b in css("#trajectories .traj")]
+        assert counts == ["exact 1", "re-tokenized 1", "unusable 1"], counts
+        assert "tokens_not_contiguous 1" in css("#trajectories")[0].text
+        browser.save_screenshot(str(tmp_path / "viewer_trajectories.png"))
+        css('#tabs button[data-tab="rollouts"]')[0].click()
+        wait(lambda: len(css("tr.rollout-row .traj")) == 3, "the table again")
+        browser.execute_script("document.querySelectorAll('tr.rollout-row')[2].click()")  # the row of task 2
+        wait(lambda: css("#detail .rollout-head .traj"), "the badge in the rollout's detail")
+        assert css("#detail .rollout-head .traj")[0].text == "unusable: tokens_not_contiguous"
+        browser.save_screenshot(str(tmp_path / "viewer_trajectory_rows.png"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -357,6 +358,7 @@ def test_tokens_join_the_model_calls_with_a_loss_mask_over_what_the_model_genera
         "generation_log_probs": [-0.1, -0.2, 0.0, 0.0, 0.0, -0.3],
         "loss_mask": [1, 1, 0, 0, 0, 1],
         "num_model_calls": 2,
+        "token_trajectory": "exact",
         "reward": 1.0,
         "agent_name": "counter_agent",
         "_ng_task_index": 0,
@@ -364,6 +366,37 @@ def test_tokens_join_the_model_calls_with_a_loss_mask_over_what_the_model_genera
     }
     export("tokens", [path], tmp_path / "tokens.parquet")
     assert pq.read_table(tmp_path / "tokens.parquet").to_pylist() == [row]
+
+
+def test_tokens_mark_re_tokenized_rollouts_keep_them_by_default_and_drop_them_on_request(tmp_path, capsys):
+    """The drift check: a model call that says `token_trajectory: retokenized` makes its rollout `retokenized`
+    (kept and marked, or dropped with --drop-retokenized); the counts exact / re-tokenized / unusable are printed."""
+    def episode(flag: Optional[str]) -> list[dict]:
+        second = with_tokens(message("done"), [1, 2, 5, 7], [8])
+        return [with_tokens(function_call("add", {}), [1, 2], [5]), function_call_output("x"),
+                second if flag is None else {**second, "token_trajectory": flag}]
+
+    rows = [
+        rollout(0, 0, 1.0, *episode(None)),  # older data: no flag, contiguous -> exact
+        rollout(0, 1, 1.0, *episode("exact")),
+        rollout(0, 2, 1.0, *episode("retokenized")),  # contiguous, but the server says it re-tokenized
+        rollout(0, 3, 1.0, "no tokens"),
+    ]
+    path = write_jsonl(tmp_path / "r.jsonl", rows)
+    out = tmp_path / "t.jsonl"
+    assert COMMAND.main(["tokens", str(path), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "token trajectories: 2 exact, 1 re-tokenized, 1 unusable (no_token_data 1)" in printed
+    assert "kept, marked token_trajectory=retokenized" in printed and "model call(s) 2" in printed
+    got = {r["_ng_rollout_index"]: r["token_trajectory"] for r in read_jsonl(out)}
+    assert got == {0: "exact", 1: "exact", 2: "retokenized"}
+    assert read_jsonl(out)[2]["generation_token_ids"] == [5, 7, 8]  # still joined into one trajectory
+
+    assert COMMAND.main(["tokens", str(path), "-o", str(tmp_path / "t.parquet"), "--drop-retokenized"]) == 0
+    printed = capsys.readouterr().out
+    assert "re-tokenized ones dropped" in printed and re.search(r"\b1\s+retokenized\s", printed)
+    table = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert [(r["_ng_rollout_index"], r["token_trajectory"]) for r in table] == [(0, "exact"), (1, "exact")]
 
 
 def test_nothing_to_export_still_writes_an_empty_file(tmp_path):

@@ -763,3 +763,35 @@ def test_prompt_config_writes_every_rows_input_before_repeats_and_refuses_rows_i
     with pytest.raises(NeMoGymConfigError) as missing:
         materialize_input_file(src, out, agent_name="agent", prompt_config=str(tmp_path / "nope.yaml"))
     assert "nope.yaml" in str(missing.value)
+
+
+def test_the_end_summary_counts_token_trajectories_only_when_rollouts_carry_token_ids(tmp_path, capsys):
+    """The collector classifies each rollout as it writes it (`classify_trajectory`, as `ng export tokens` does)
+    and prints exact / re-tokenized / unusable at the end; without token ids it prints nothing about them."""
+    make_input(tmp_path, 4)
+
+    def tokened(request: httpx.Request) -> httpx.Response:
+        row = orjson.loads(request.content)
+        task = row[T]
+        call = {"type": "function_call", "name": "add", "arguments": "{}", "call_id": "c1",
+                "prompt_token_ids": [1, 2], "generation_token_ids": [5], "generation_log_probs": [-0.1]}
+        answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "3"}],
+                  "prompt_token_ids": [1, 2, 5, 7] if task != 2 else [1, 9], "generation_token_ids": [8],
+                  "generation_log_probs": [-0.2]}  # fmt: skip
+        if task == 1:
+            answer["token_trajectory"] = "retokenized"
+        output = [call, {"type": "function_call_output", "call_id": "c1", "output": "3"}, answer]
+        if task == 3:
+            output = [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "3"}]}]
+        return httpx.Response(200, json={"reward": 1.0, "response": {"output": output}})
+
+    assert run_from_config(config(tmp_path), server_client=mock_client(tokened)) == 0
+    out = capsys.readouterr().out
+    assert (
+        "Token data of the 4 new rollouts: token trajectories: 1 exact, 1 re-tokenized, 2 unusable "
+        "(no_token_data 1, tokens_not_contiguous 1)."
+    ) in out, out
+
+    assert run_from_config(config(tmp_path), server_client=FakeStack().client()) == 0  # no token ids at all
+    out = capsys.readouterr().out
+    assert "Collected 4 / 4 rollouts" in out and "token trajectories" not in out.lower(), out

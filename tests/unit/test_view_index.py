@@ -302,3 +302,42 @@ def test_a_response_cut_short_counts_as_incomplete_not_failed(tmp_path, cache):
     index.update()
     (agent,) = RolloutQuery([index]).summary()["agents"]
     assert (agent["rollouts"], agent["failed"], agent["incomplete"], agent["mean_reward"]) == (2, 1, 1, 1.0)
+
+
+def with_token_ids(row: dict, second_prompt: list, flag=None) -> dict:
+    """`row` with token ids on its two model calls (the call, then the answer after the tool output)."""
+    output = row["response"]["output"]
+    output[1].update(prompt_token_ids=[1, 2], generation_token_ids=[5], generation_log_probs=[-0.5])
+    output[3].update(prompt_token_ids=second_prompt, generation_token_ids=[9], generation_log_probs=[-0.5])
+    if flag is not None:
+        output[3]["token_trajectory"] = flag
+    return row
+
+
+def test_the_token_trajectory_drift_check_is_a_column_and_counted_in_the_summary(tmp_path, cache):
+    """The same classification as `ng export tokens` (`classify_trajectory`): per row, and counted."""
+    path = tmp_path / "rollouts.jsonl"
+    write(path, [rollout(0, 0, 1.0)])  # no token ids anywhere: no column, no counts
+    ix = RolloutIndex(path, cache)
+    ix.update()
+    query = RolloutQuery([ix])
+    assert query.has_token_data() is False and query.summary()["trajectories"] is None
+    assert query.rows()["rows"][0]["trajectory"] is None
+
+    write(path, [
+        with_token_ids(rollout(0, 1, 1.0), [1, 2, 5, 7]),  # contiguous, no flag: exact
+        with_token_ids(rollout(0, 2, 1.0), [1, 2, 5, 7], flag="retokenized"),
+        with_token_ids(rollout(0, 3, 0.0), [1, 3, 5, 7], flag="retokenized"),  # does not continue: unusable
+    ], mode="a")  # fmt: skip
+    ix.update()
+    assert query.has_token_data() is True
+    got = {r["rollout"]: (r["trajectory"], r["trajectory_reason"]) for r in query.rows()["rows"]}
+    assert got == {0: (None, None), 1: ("exact", None), 2: ("retokenized", None),
+                   3: ("unusable", "tokens_not_contiguous")}  # fmt: skip
+    assert query.summary()["trajectories"] == {
+        "exact": 1, "retokenized": 1, "unusable": 2, "reasons": {"no_token_data": 1, "tokens_not_contiguous": 1}
+    }  # fmt: skip
+    ranked = query.rows(sort="trajectory", descending=True)["rows"]
+    assert [r["trajectory"] for r in ranked] == ["unusable", "retokenized", "exact", None]
+    info, _ = query.row(0, ranked[1]["id"])
+    assert info["trajectory"] == "retokenized"  # the detail pane gets it too

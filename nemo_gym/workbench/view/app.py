@@ -88,7 +88,14 @@ def create_app(
         files = query.files()
         for f in files:
             f["error"] = watcher.errors.get(f["file"]) if watcher else None
-        return _json({"version": str(hash(query.version())), "files": files, "agents": query.agents()})
+        return _json(
+            {
+                "version": str(hash(query.version())),
+                "files": files,
+                "agents": query.agents(),
+                "token_data": query.has_token_data(),
+            }
+        )
 
     @app.get("/api/rows")
     def rows(

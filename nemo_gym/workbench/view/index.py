@@ -2,7 +2,9 @@
 
 A rollouts file can hold a million lines of several kB each, so the viewer never loads it. It reads it once,
 line by line, and writes one SQLite row per line: byte offset and length (to read that line again with one seek),
-task and repeat indices, agent, reward, turns, tool calls, tokens, status and a short preview of the prompt. The
+task and repeat indices, agent, reward, turns, tool calls, tokens, status, a short preview of the prompt and, for a
+rollout with token ids, the drift check of its token trajectory (`trajectory`: exact / retokenized / unusable and
+`trajectory_reason`, from `nemo_gym.workbench.tokens.classify_trajectory`, as `ng export tokens` decides). The
 `<stem>_failures.jsonl` written beside it is indexed into the same database (`source` 1), so failed rollouts are
 rows of the same table.
 
@@ -30,6 +32,8 @@ from typing import Any, Iterator, Optional, Union
 
 import orjson
 
+from nemo_gym.workbench.tokens import classify_trajectory, has_token_data
+
 __all__ = [
     "INDEX_VERSION",
     "ROLLOUTS",
@@ -43,7 +47,7 @@ __all__ = [
     "prompt_preview",
 ]
 
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 ROLLOUTS, FAILURES = 0, 1  # the `source` column: the rollouts file itself, or its `_failures.jsonl`
 FAILURES_SUFFIX = "_failures"
 _FINGERPRINT_BYTES = 4096
@@ -62,18 +66,20 @@ CREATE TABLE IF NOT EXISTS sources (
 CREATE TABLE IF NOT EXISTS rows (
     id INTEGER PRIMARY KEY, source INTEGER NOT NULL, offset INTEGER NOT NULL, length INTEGER NOT NULL,
     line INTEGER NOT NULL, task INTEGER, rollout INTEGER, agent TEXT, reward REAL, turns INTEGER,
-    tool_calls INTEGER, tokens INTEGER, status TEXT NOT NULL, error_type TEXT, message TEXT, preview TEXT);
+    tool_calls INTEGER, tokens INTEGER, status TEXT NOT NULL, error_type TEXT, message TEXT, preview TEXT,
+    trajectory TEXT, trajectory_reason TEXT);
 CREATE UNIQUE INDEX IF NOT EXISTS rows_at ON rows(source, offset);
 CREATE INDEX IF NOT EXISTS rows_task ON rows(task, rollout, source, offset);
 CREATE INDEX IF NOT EXISTS rows_reward ON rows(reward, source, offset);
 CREATE INDEX IF NOT EXISTS rows_agent ON rows(agent, source, offset);
 CREATE INDEX IF NOT EXISTS rows_status ON rows(status, source, offset);
 CREATE INDEX IF NOT EXISTS rows_tokens ON rows(tokens, source, offset);
+CREATE INDEX IF NOT EXISTS rows_trajectory ON rows(trajectory, source, offset);
 """
 
 ROW_COLUMNS = (
     "source", "offset", "length", "line", "task", "rollout", "agent", "reward", "turns", "tool_calls", "tokens",
-    "status", "error_type", "message", "preview",
+    "status", "error_type", "message", "preview", "trajectory", "trajectory_reason",
 )  # fmt: skip
 _INSERT = f"INSERT OR REPLACE INTO rows ({', '.join(ROW_COLUMNS)}) VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
 
@@ -157,7 +163,9 @@ def summarize_rollout(row: Any) -> dict:
 
     turns: model turns, i.e. runs of model-made output items between tool outputs; tool calls: output items
     whose type is `function_call` or ends in `_call`; tokens: `usage.total_tokens` (else input + output);
-    status: `ok`, `incomplete` / `error` (the response says so), or `unreadable` (not a JSON object)."""
+    status: `ok`, `incomplete` / `error` (the response says so), or `unreadable` (not a JSON object);
+    trajectory: `exact` / `retokenized` / `unusable` (with `trajectory_reason`) when any output item carries token
+    ids, else None."""
     if not isinstance(row, dict):
         return {"status": "unreadable", "error_type": "NotAnObject"}
     response = row.get("response") if isinstance(row.get("response"), dict) else {}
@@ -189,6 +197,7 @@ def summarize_rollout(row: Any) -> dict:
         details = response.get("incomplete_details")
         reason = details.get("reason") if isinstance(details, dict) else None
         error_type = str(reason or response.get("status"))
+    trajectory = classify_trajectory(row) if has_token_data(row) else None
     return {
         "task": _int(row.get("_ng_task_index")),
         "rollout": _int(row.get("_ng_rollout_index")),
@@ -201,6 +210,8 @@ def summarize_rollout(row: Any) -> dict:
         "error_type": error_type,
         "message": message,
         "preview": prompt_preview(row.get("responses_create_params")),
+        "trajectory": trajectory.kind if trajectory else None,
+        "trajectory_reason": trajectory.reason if trajectory else None,
     }
 
 

@@ -22,10 +22,12 @@ from nemo_gym.workbench.view.index import FAILURES, ROLLOUTS, RolloutIndex
 
 __all__ = ["RolloutQuery", "TableFilter", "SORT_COLUMNS", "TooManyFiles"]
 
-SORT_COLUMNS = ("file", "line", "task", "rollout", "agent", "reward", "turns", "tool_calls", "tokens", "status")
+SORT_COLUMNS = (
+    "file", "line", "task", "rollout", "agent", "reward", "turns", "tool_calls", "tokens", "status", "trajectory",
+)  # fmt: skip
 _SUMMARY_COLUMNS = (
     "file", "id", "source", "line", "task", "rollout", "agent", "reward", "turns", "tool_calls", "tokens", "status",
-    "error_type", "preview",
+    "error_type", "preview", "trajectory", "trajectory_reason",
 )  # fmt: skip
 _SEARCH_CACHE = 8
 _HISTOGRAM_BINS = 20
@@ -126,6 +128,10 @@ class RolloutQuery:
                 }
             )
         return out
+
+    def has_token_data(self) -> bool:
+        """Whether any rollout of the files carries token ids (an index lookup, cheap enough to poll)."""
+        return bool(self._all("SELECT EXISTS (SELECT 1 FROM all_rows WHERE trajectory IS NOT NULL)")[0][0])
 
     def agents(self) -> list[str]:
         return [a for (a,) in self._all("SELECT DISTINCT agent FROM all_rows WHERE agent IS NOT NULL ORDER BY agent")]
@@ -285,10 +291,31 @@ class RolloutQuery:
                 )
             ],
             "pass_threshold": pass_threshold,
+            "trajectories": self._trajectories(),
         }
         now = time.monotonic()
         self._summary_cache = ((version, pass_threshold, now, now - started), result)
         return result
+
+    def _trajectories(self) -> Optional[dict]:
+        """The drift check over the rollouts (`nemo_gym.workbench.tokens`): `{"exact": n, "retokenized": n,
+        "unusable": n, "reasons": {reason: n}}`, rollouts without token ids counted as unusable `no_token_data`;
+        None when no rollout has token ids."""
+        got = self._all(
+            "SELECT trajectory, trajectory_reason, COUNT(*) FROM all_rows WHERE source = 0 AND status != 'unreadable' "
+            "GROUP BY trajectory, trajectory_reason"
+        )
+        if not any(kind is not None for kind, _, _ in got):
+            return None
+        out: dict[str, Any] = {"exact": 0, "retokenized": 0, "unusable": 0, "reasons": {}}
+        for kind, reason, n in got:
+            if kind is None:
+                kind, reason = "unusable", "no_token_data"
+            out[kind] = out.get(kind, 0) + n
+            if kind == "unusable":
+                out["reasons"][reason or "unknown"] = out["reasons"].get(reason or "unknown", 0) + n
+        out["reasons"] = dict(sorted(out["reasons"].items(), key=lambda kv: (-kv[1], kv[0])))
+        return out
 
     def _histogram(self) -> dict:
         lo, hi, n = self._all("SELECT MIN(reward), MAX(reward), COUNT(reward) FROM all_rows WHERE source = 0")[0]

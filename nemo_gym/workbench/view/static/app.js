@@ -13,13 +13,19 @@ const COLUMNS = [
   { key: "tool_calls", label: "tool calls", num: true },
   { key: "tokens", label: "tokens", num: true },
   { key: "status", label: "status" },
+  { key: "trajectory", label: "trajectory", tokens: true },
   { key: "preview", label: "prompt", sortable: false },
 ];
 const PAGE = 50;
 const state = {
   tab: "rollouts", sort: "line", desc: false, offset: 0, failOffset: 0, version: null, files: [],
-  selected: null, task: null, threshold: null,
+  selected: null, task: null, threshold: null, tokenData: false,
 };
+
+// The table's columns: "file" only with several files, "trajectory" only when some rollout has token ids.
+function visibleColumns() {
+  return COLUMNS.filter((c) => (!c.multi || multiFile()) && (!c.tokens || state.tokenData));
+}
 
 async function api(path, params = {}) {
   const url = new URL(path, location.href);
@@ -41,6 +47,8 @@ function fileName(i) { return (state.files[i] && state.files[i].name) || `file $
 async function refreshStatus() {
   const st = await api("/api/status");
   state.files = st.files;
+  const tokensChanged = state.tokenData !== Boolean(st.token_data);
+  state.tokenData = Boolean(st.token_data);
   const chips = st.files.map((f) => {
     const pct = f.bytes ? Math.floor((100 * f.indexed_bytes) / f.bytes) : 100;
     return el("span", { class: "file-chip", title: f.path },
@@ -55,7 +63,7 @@ async function refreshStatus() {
   syncOptions($("#f-agent"), st.agents.map((a) => [a, a]));
   syncOptions($("#f-file"), st.files.map((f) => [String(f.file), f.name]));
   $("#f-file-label").hidden = !multiFile();
-  const changed = state.version !== null && state.version !== st.version;
+  const changed = state.version !== null && (state.version !== st.version || tokensChanged);
   const first = state.version === null;
   state.version = st.version;
   return { changed, first };
@@ -82,7 +90,7 @@ function filters() {
 }
 
 function renderHead() {
-  const cells = COLUMNS.filter((c) => !c.multi || multiFile()).map((c) => {
+  const cells = visibleColumns().map((c) => {
     const sortable = c.sortable !== false;
     const cls = [c.num ? "num" : "", c.key === "preview" ? "preview" : "", sortable ? "sortable" : "", state.sort === c.key ? "sorted" : "",
       state.sort === c.key && state.desc ? "desc" : ""].join(" ");
@@ -106,6 +114,7 @@ function cell(c, r) {
     const ok = r.status === "ok";
     return el("td", { class: ok ? "status-ok" : "status-bad" }, ok ? "ok" : `${r.status}${r.error_type ? ": " + r.error_type : ""}`);
   }
+  if (c.key === "trajectory") return el("td", {}, trajectoryBadge(r) || "–");
   if (c.key === "preview") return el("td", { class: "preview", title: r.preview || "" }, r.preview || "");
   if (c.num) return el("td", { class: "num" }, fmtNumber(r[c.key]));
   return el("td", {}, r[c.key] ?? "");
@@ -118,7 +127,7 @@ async function loadTable() {
   try {
     const data = await api("/api/rows", { ...filters(), sort: state.sort, desc: state.desc ? "true" : "", offset: state.offset, limit: PAGE });
     if (mine !== tableRequest) return;  // a newer request was made meanwhile
-    const cols = COLUMNS.filter((c) => !c.multi || multiFile());
+    const cols = visibleColumns();
     const rows = data.rows.map((r) => {
       const key = `${r.file}:${r.id}`;
       return el("tr", {
@@ -209,6 +218,7 @@ async function loadSummary() {
         { color: "#c0392b", format: (v) => v.toLocaleString(), integer: true })
       : chartBox("failures by error type", el("p", { class: "muted" }, "no failures")));
     $("#charts").replaceChildren(...charts);
+    renderTrajectories(s.trajectories);
     const maxK = Math.max(0, ...s.agents.map((a) => a.pass_at_k.length));
     const ks = [...new Set([1, maxK])].filter((k) => k > 0);
     $("#agent-table").replaceChildren(
@@ -220,6 +230,21 @@ async function loadSummary() {
   } catch (err) {
     problem($("#charts"), err);
   }
+}
+
+// The drift check counts: exact / re-tokenized / unusable (per reason); hidden when no rollout has token ids.
+function renderTrajectories(t) {
+  const box = $("#trajectories");
+  box.hidden = !t;
+  if (!t) return box.replaceChildren();
+  const total = t.exact + t.retokenized + t.unusable;
+  const reasons = Object.entries(t.reasons).map(([r, n]) => `${r} ${n.toLocaleString()}`).join(", ");
+  box.replaceChildren(
+    el("h4", {}, `token trajectories (${total.toLocaleString()} rollouts)`),
+    el("span", { class: "traj traj-exact", "data-kind": "exact" }, `exact ${t.exact.toLocaleString()}`), " ",
+    el("span", { class: "traj traj-retokenized", "data-kind": "retokenized" }, `re-tokenized ${t.retokenized.toLocaleString()}`), " ",
+    el("span", { class: "traj traj-unusable", "data-kind": "unusable" }, `unusable ${t.unusable.toLocaleString()}`),
+    reasons ? el("span", { class: "muted" }, ` (${reasons})`) : null);
 }
 
 // ---------------------------------------------------------------------------------------------------- failures

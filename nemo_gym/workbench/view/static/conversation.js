@@ -151,6 +151,15 @@ function flatUsage(usage, prefix = "", out = {}) {
 }
 
 // data: {info, row} as /api/rollout answers; opts: {compact, onTask, rank}
+// The drift check of a rollout's token trajectory (nemo_gym/workbench/tokens.py): exact, re-tokenized, unusable.
+const TRAJECTORY_LABELS = { exact: "exact", retokenized: "re-tokenized", unusable: "unusable" };
+function trajectoryBadge(info) {
+  if (!info.trajectory) return null;
+  const label = TRAJECTORY_LABELS[info.trajectory] || info.trajectory;
+  const text = info.trajectory === "unusable" && info.trajectory_reason ? `${label}: ${info.trajectory_reason}` : label;
+  return el("span", { class: `traj traj-${info.trajectory}`, title: "token trajectory (ng export tokens)" }, text);
+}
+
 function rolloutNode(data, opts = {}) {
   const { info } = data;
   const isFailure = info.source === 1;
@@ -162,6 +171,7 @@ function rolloutNode(data, opts = {}) {
     el("h2", {}, where),
     el("span", { class: "muted" }, info.agent || "(no agent)"),
     isFailure ? el("span", { class: "reward bad" }, "failed") : rewardBadge(info.reward),
+    isFailure ? null : trajectoryBadge(info),
     isFailure ? null : el("span", { class: "muted" },
       [plural(info.turns, "turn"), plural(info.tool_calls, "tool call"), plural(info.tokens, "token")].join(" · ")),
     !opts.compact && info.task != null && !isFailure && opts.onTask
