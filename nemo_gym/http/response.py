@@ -73,7 +73,7 @@ class NeMoGymHTTPError(httpx.HTTPStatusError, aiohttp.ClientResponseError):
     ) -> None:
         Exception.__init__(self, message)
         self.response = response  # type: ignore[assignment]
-        self._request = response._request if isinstance(response, httpx.Response) else None
+        self._request = _request_of(response) if isinstance(response, httpx.Response) else None
         self.response_content = response_content
         self.server_name = server_name
         self.attempts = attempts
@@ -258,6 +258,14 @@ class ServerResponse:
         return f"<ServerResponse({self.url}) [{self.status} {self.reason or ''}]>"
 
 
+def _request_of(response: httpx.Response) -> Optional[httpx.Request]:
+    """The request an httpx response answers, or None for a response built by hand (httpx raises then)."""
+    try:
+        return response.request
+    except RuntimeError:
+        return None
+
+
 def _status_of(response: Any) -> int:
     status = getattr(response, "status", None)
     if not isinstance(status, int):
@@ -295,7 +303,7 @@ def _http_error(response: Any, body: bytes) -> NeMoGymHTTPError:
     server_name = _attr(response, "server_name", str)
     attempts = _attr(response, "attempts", int)
     if isinstance(response, httpx.Response):
-        request = response._request  # None for hand-built responses
+        request = _request_of(response)  # None for hand-built responses
         method, url = (request.method, request.url) if request is not None else ("", None)
         reason = response.reason_phrase
     else:

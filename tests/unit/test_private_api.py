@@ -29,7 +29,7 @@ def test_the_installed_uvicorn_fastapi_and_starlette_have_everything_the_adapter
 
 def test_no_module_but_the_adapter_uses_their_private_names():
     """`route.dependant`, `DefaultPlaceholder`, `get_typed_signature`, uvicorn's protocol internals, a request's
-    `_body`, and any `from <library>._private import`: only in private_api.py."""
+    `_body`, httpx's `response._request`, and any `from <library>._private import`: only in private_api.py."""
     private = ("dependant", "DefaultPlaceholder", "get_typed_signature", "httptools_impl", "uvicorn.supervisors",
                "server_state", "RequestResponseCycle")
     offenders = []
@@ -38,10 +38,16 @@ def test_no_module_but_the_adapter_uses_their_private_names():
             continue
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
-            # Setting `_body` is starlette's cached request body; reading our own ServerResponse's is fine.
-            setting_body = node.attr == "_body" and isinstance(node.ctx, ast.Store) if isinstance(node, ast.Attribute) else False
-            if isinstance(node, ast.Attribute) and (node.attr in private or setting_body):
-                if setting_body and ast.unparse(node.value) == "self":
+            # Setting `_body` is starlette's cached request body (reading our own ServerResponse's is fine); `_request`
+            # is httpx.Response's (ours on `self` are fine).
+            if not isinstance(node, ast.Attribute):
+                library_private = False
+            elif node.attr == "_body":
+                library_private = isinstance(node.ctx, ast.Store)
+            else:
+                library_private = node.attr in private or node.attr == "_request"
+            if library_private:
+                if ast.unparse(node.value) == "self":
                     continue  # our own classes' attributes
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} .{node.attr}")
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
