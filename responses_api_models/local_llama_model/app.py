@@ -78,6 +78,7 @@ from pydantic import PrivateAttr
 
 from nemo_gym.base_responses_api_model import BaseResponsesAPIModelConfig, SimpleResponsesAPIModel
 from nemo_gym.api.chat_conversion import build_response, new_item_id
+from nemo_gym.api.chat_tokenizers import LlamaChatTokenizer  # the adapter lives in the shared module
 from nemo_gym.api.token_continuation import PromptIds, continuation_prompt_ids
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.openai_utils import (
@@ -210,52 +211,6 @@ class LoadedModel:
         if self._chat_tokenizer is None:
             self._chat_tokenizer = LlamaChatTokenizer(self.llama)
         return self._chat_tokenizer
-
-
-class LlamaChatTokenizer:
-    """`nemo_gym.api.token_continuation.ChatTokenizer` for a llama-cpp-python model: the GGUF's chat template
-    rendered by llama-cpp-python's own Jinja2 formatter, tokenized the way its chat handler tokenizes a prompt
-    (special tokens parsed; no BOS added, the template writes what it needs). Works on a `vocab_only` model."""
-
-    def __init__(self, llama: Any) -> None:
-        from llama_cpp import llama_chat_format
-
-        template = llama.metadata.get("tokenizer.chat_template")
-        if not template or llama.chat_format not in (None, "chat_template.default"):
-            raise NeMoGymConfigError(
-                f"local_llama_model: return_token_id_information needs the GGUF's own chat template, but "
-                f"chat_format is {llama.chat_format!r} and the GGUF has "
-                f"{'a' if template else 'no'} `tokenizer.chat_template`. Unset `chat_format`, or use a GGUF that "
-                f"ships a chat template."
-            )
-        self._llama = llama
-        eos, bos = llama.token_eos(), llama.token_bos()
-        eos_text = llama._model.token_get_text(eos) if eos != -1 else ""
-        bos_text = llama._model.token_get_text(bos) if bos != -1 else ""
-        self._formatters = {
-            flag: llama_chat_format.Jinja2ChatFormatter(
-                template=template, eos_token=eos_text, bos_token=bos_text, add_generation_prompt=flag
-            )
-            for flag in (True, False)
-        }
-        self.vocab_size = int(llama.n_vocab())
-
-    def render(self, messages: Any, add_generation_prompt: bool) -> str:
-        return self._formatters[bool(add_generation_prompt)](messages=list(messages)).prompt
-
-    def tokenize(self, text: str) -> list[int]:
-        return list(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)) if text else []
-
-    def prompt_start_ids(self) -> list[int]:
-        return []  # Jinja2ChatFormatter reports added_special=True: the chat handler adds no BOS
-
-    def detokenize(self, ids: Any) -> str:
-        return self._llama.detokenize(list(ids), special=True).decode("utf-8", errors="replace")
-
-    def is_end_of_generation(self, token_id: int) -> bool:
-        import llama_cpp
-
-        return bool(llama_cpp.llama_vocab_is_eog(self._llama._model.vocab, token_id))
 
 
 _MODELS: dict[tuple, LoadedModel] = {}

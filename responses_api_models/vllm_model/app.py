@@ -16,6 +16,10 @@ Behaviour in short (details and the differences from NeMo Gym v0.2 are in README
 * Training (`return_token_id_information`): the upstream is asked for `logprobs` with
   `return_tokens_as_token_ids`; the last output item carries `prompt_token_ids` (from the upstream's
   `POST /tokenize`, run concurrently with the generation), `generation_token_ids` and `generation_log_probs`.
+* Token-in/token-out (`use_completions_api` + `render_chat_template` + `tokenizer`, a local GGUF): the chat template
+  is rendered here and the upstream's `/v1/completions` gets a token-id prompt built by
+  `nemo_gym.api.token_continuation` (previous prompt + generated ids + only the tokens after them); tool calls are
+  parsed from the generated text (Hermes `<tool_call>` blocks); `token_trajectory` says exact / retokenized.
 * An upstream HTTP 400 about the context length becomes an empty assistant message with
   `incomplete_details: {reason: max_output_tokens}`; other upstream errors come back with the upstream's status
   and message; an unreachable upstream is HTTP 502.
@@ -50,11 +54,23 @@ from nemo_gym.api.chat_conversion import (
     fold_reasoning_into_content,
     generation_tokens_from_logprobs,
     is_context_length_error,
+    new_item_id,
     prepare_chat_messages,
     responses_to_chat_params,
     wants_output_logprobs,
 )
-from nemo_gym.api.streaming import DONE, ChatToResponses, chat_completion_chunks
+from nemo_gym.api.chat_tokenizers import bind, load_chat_tokenizer, parse_hermes_tool_calls, template_messages
+from nemo_gym.api.streaming import DONE, BackendDoesNotStream, ChatToResponses, chat_completion_chunks
+from nemo_gym.api.token_continuation import (
+    EXACT,
+    RETOKENIZED,
+    TOKEN_TRAJECTORY_KEY,
+    TOKEN_TRAJECTORY_REASON_KEY,
+    PromptIds,
+    continuation_prompt_ids,
+    full_prompt_ids,
+    previous_call,
+)
 from nemo_gym.base_responses_api_model import (
     BaseResponsesAPIModelConfig,
     SimpleResponsesAPIModel,
@@ -134,6 +150,12 @@ class VLLMModelConfig(BaseResponsesAPIModelConfig):
     extra_body: Optional[dict[str, Any]] = None
     # Ours: upstream requests per call (429/5xx and connection errors are retried with backoff).
     max_attempts: int = 3
+    # NeMo Gym v0.5: the upstream's /v1/completions instead of /v1/chat/completions; with render_chat_template the
+    # chat template is rendered here with `tokenizer` (a local .gguf file; null: `model` as a path) and the prompt
+    # is sent as token ids built token-in/token-out (README "Token-in/token-out").
+    use_completions_api: bool = False
+    render_chat_template: bool = False
+    tokenizer: Optional[str] = None
 
     @model_validator(mode="after")
     def _check(self) -> "VLLMModelConfig":
@@ -154,6 +176,20 @@ class VLLMModelConfig(BaseResponsesAPIModelConfig):
                     f"{' and '.join(unsupported)} cannot be applied; use the Chat Completions path "
                     f"(is_responses_native: false) for that."
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _check_completions(self) -> "VLLMModelConfig":
+        if self.render_chat_template and not self.use_completions_api:
+            raise ValueError(
+                "render_chat_template: true renders the prompt here and sends it to the upstream's /v1/completions; "
+                "set use_completions_api: true as well (the chat route renders on the upstream)."
+            )
+        if self.use_completions_api and self.is_responses_native:
+            raise ValueError(
+                "use_completions_api: true and is_responses_native: true exclude each other (one upstream route); "
+                "unset one of them."
+            )
         return self
 
     @property
@@ -237,6 +273,26 @@ class VLLMModel(SimpleResponsesAPIModel):
     _session_client: "OrderedDict[str, int]" = PrivateAttr(default_factory=OrderedDict)
     _next_client: int = PrivateAttr(default=0)
     _reported: set[str] = PrivateAttr(default_factory=set)
+    _chat_tokenizer: Any = PrivateAttr(default=None)
+    # Upstreams (base URLs) that refused a token-id prompt: sent the rendered text from then on.
+    _token_prompts_refused: set[str] = PrivateAttr(default_factory=set)
+
+    def setup_webserver(self) -> Any:
+        # A missing or unusable tokenizer fails at start-up, not on the first request.
+        if self.config.use_completions_api and self.config.render_chat_template:
+            _ = self.chat_tokenizer
+        return super().setup_webserver()
+
+    @property
+    def chat_tokenizer(self) -> Any:
+        """The tokenizer and chat template of `render_chat_template` (loaded once)."""
+        if self._chat_tokenizer is None:
+            cfg = self.config
+            owner = f"vllm_model {cfg.name!r}: `tokenizer`"
+            if not cfg.tokenizer:
+                owner += " (unset, so `model` was tried)"
+            self._chat_tokenizer = load_chat_tokenizer(cfg.tokenizer or cfg.model, owner)
+        return self._chat_tokenizer
 
     async def _upstream_clients(self) -> list[NeMoGymAsyncOpenAI]:
         """One client per base_url, over the process's shared HTTP transport of the running loop (aiohttp by
@@ -297,6 +353,8 @@ class VLLMModel(SimpleResponsesAPIModel):
         (`ChatToResponses`), or with `is_responses_native` the upstream's own Responses events. The final
         `response.completed` carries the Response a non-streamed call would have returned (token data included)."""
         cfg = self.config
+        if cfg.use_completions_api:
+            raise BackendDoesNotStream(_COMPLETIONS_WHOLE)
         params = body.model_dump(exclude_unset=True)
         session_id = _session_id(request)
         if cfg.is_responses_native:
@@ -330,8 +388,13 @@ class VLLMModel(SimpleResponsesAPIModel):
                 for _, payload in translator.feed(chunk):
                     yield payload
             prompt_token_ids = await _prompt_token_ids(tokenize) if tokenize is not None else None
-            completion = self._postprocess_completion(translator.chunks.completion(), prompt_token_ids)
-            final = chat_completion_to_response(params, completion, model=cfg.model, new_id=translator.final_id)
+            completion = self._postprocess_completion(
+                translator.chunks.completion(), prompt_token_ids, chat.get("messages")
+            )
+            final = _carry_token_annotations(
+                chat_completion_to_response(params, completion, model=cfg.model, new_id=translator.final_id),
+                completion,
+            )
             for _, payload in translator.finish(final):
                 yield payload
         finally:
@@ -347,7 +410,10 @@ class VLLMModel(SimpleResponsesAPIModel):
         `generation_token_ids` / `generation_log_probs` on its delta (the finishing chunk's delta also gets
         `prompt_token_ids`), so the deltas add up to the non-streamed message."""
         cfg = self.config
-        chunks, tokenize = await self._open_chat_stream(body.model_dump(exclude_unset=True), _session_id(request))
+        if cfg.use_completions_api:
+            raise BackendDoesNotStream(_COMPLETIONS_WHOLE)
+        raw = body.model_dump(exclude_unset=True)
+        chunks, tokenize = await self._open_chat_stream(raw, _session_id(request))
         thinking: set[int] = set()  # choices inside a folded <think> block
         try:
             async for chunk in chunks:
@@ -379,6 +445,7 @@ class VLLMModel(SimpleResponsesAPIModel):
                             delta["generation_token_ids"], delta["generation_log_probs"] = ids, logprobs
                         if choice.get("finish_reason") is not None:
                             delta["prompt_token_ids"] = await _prompt_token_ids(tokenize)
+                            delta.update(_chat_route_annotations(raw.get("messages")))
                 yield chunk
         finally:
             if tokenize is not None:
@@ -458,7 +525,7 @@ class VLLMModel(SimpleResponsesAPIModel):
         if unmapped:
             self._report_once(unmapped)
         completion = await self.create_chat_completion_dict(chat, session_id=session_id, prepared=True)
-        return chat_completion_to_response(params, completion, model=cfg.model)
+        return _carry_token_annotations(chat_completion_to_response(params, completion, model=cfg.model), completion)
 
     async def create_chat_completion_dict(
         self, body: dict, *, session_id: Optional[str] = None, prepared: bool = False
@@ -467,6 +534,8 @@ class VLLMModel(SimpleResponsesAPIModel):
 
         ``prepared``: the messages already had the developer-role and reasoning-parser adjustments (the Responses
         path does them while converting)."""
+        if self.config.use_completions_api:
+            return await self._completion_as_chat_dict(body, session_id=session_id, prepared=prepared)
         body, early = self._prepare_chat_body(body, prepared)
         if early is not None:
             return early
@@ -485,7 +554,7 @@ class VLLMModel(SimpleResponsesAPIModel):
                 tokenize.cancel()
             raise
         prompt_token_ids = await _prompt_token_ids(tokenize) if tokenize is not None else None
-        return self._postprocess_completion(completion, prompt_token_ids)
+        return self._postprocess_completion(completion, prompt_token_ids, body.get("messages"))
 
     def _prepare_chat_body(self, body: dict, prepared: bool) -> tuple[dict, Optional[dict]]:
         """The upstream's chat request for `body`, or (when the call must not reach the upstream) the completion
@@ -522,9 +591,12 @@ class VLLMModel(SimpleResponsesAPIModel):
         tokenize.add_done_callback(_retrieve_exception)
         return tokenize
 
-    def _postprocess_completion(self, completion: dict, prompt_token_ids: Optional[list]) -> dict:
+    def _postprocess_completion(
+        self, completion: dict, prompt_token_ids: Optional[list], messages: Optional[list] = None
+    ) -> dict:
         """The upstream's completion as this server answers it: reasoning fields folded into `<think>` content,
-        training token data on the message."""
+        training token data on the message (with `token_trajectory`: the chat route re-tokenizes every prompt, so
+        a call with an earlier assistant turn in its prompt is `retokenized`)."""
         cfg = self.config
         for choice in completion.get("choices") or ():
             message = choice.get("message")
@@ -542,9 +614,146 @@ class VLLMModel(SimpleResponsesAPIModel):
                 message["prompt_token_ids"] = prompt_token_ids
                 message["generation_token_ids"] = ids
                 message["generation_log_probs"] = logprobs
+                message.update(_chat_route_annotations(messages))
                 choice.pop("logprobs", None)
             choice["message"] = message
         return completion
+
+    # -- /v1/completions (use_completions_api; token-in/token-out with render_chat_template) -------------------
+
+    async def _completion_as_chat_dict(
+        self, body: dict, *, session_id: Optional[str] = None, prepared: bool = False
+    ) -> dict:
+        """Chat Completions params -> a chat completion dict, generated by the upstream's `/v1/completions`.
+
+        With `render_chat_template` the chat template is rendered here and the prompt sent as token ids built by
+        `token_continuation` (the previous call's prompt + generated ids + only what came after); tool calls are
+        parsed from the generated text (Hermes `<tool_call>` blocks). Without it (raw mode) the prompt is the text
+        of a `[user]` or `[system, user]` conversation. In training mode the message carries the token data and
+        `token_trajectory`."""
+        cfg = self.config
+        user_logprobs = bool(body.get("logprobs"))
+        body, early = self._prepare_chat_body(body, prepared)
+        if early is not None:
+            return early
+        messages = body.get("messages") or []
+        tools = body.get("tools") or None
+        prompt: Optional[PromptIds] = None
+        bound = plain = None
+        try:
+            if cfg.render_chat_template:
+                plain, template_tools = template_messages(messages, self.chat_tokenizer, tools)
+                bound = bind(
+                    self.chat_tokenizer, tools=template_tools, template_kwargs=body.get("chat_template_kwargs")
+                )
+                prompt = _token_prompt(bound, plain)
+                upstream_prompt: Any = prompt.ids
+            else:
+                upstream_prompt = _raw_prompt(messages, tools)
+        except ValueError as exc:  # content the template cannot take, a template error (raise_exception)
+            raise ChatConversionError(f"{cfg.name}: cannot render the chat template: {exc}") from None
+        request = _completions_request(body, upstream_prompt, cfg.return_token_id_information)
+        client = await self._client_for(session_id)
+        if isinstance(upstream_prompt, list) and client.base_url in self._token_prompts_refused:
+            request["prompt"] = bound.render(plain, True)
+            prompt = PromptIds(full_prompt_ids(bound, plain), RETOKENIZED, _refused_reason(client.base_url, None))
+        try:
+            completion = await client.create_completion(**request)
+        except NeMoGymOpenAIError as exc:
+            if is_context_length_error(exc.status, exc.body):
+                return empty_chat_completion(cfg.model, "length")
+            if not (isinstance(request["prompt"], list) and exc.status in (400, 422)):
+                raise
+            # Maybe an upstream that takes no token-id prompt: the rendered text instead (an error again is
+            # the request's own and is raised).
+            request["prompt"] = bound.render(plain, True)
+            try:
+                completion = await client.create_completion(**request)
+            except NeMoGymOpenAIError as again:
+                if is_context_length_error(again.status, again.body):
+                    return empty_chat_completion(cfg.model, "length")
+                raise
+            self._token_prompts_refused.add(client.base_url)
+            LOG.warning(
+                "%s: the upstream %s refused a token-id prompt (HTTP %s: %s) and took the rendered text; prompts "
+                "to it are sent as text and re-tokenized from now on (token_trajectory: retokenized).",
+                cfg.name, client.base_url, exc.status, exc.body[:300],
+            )
+            prompt = PromptIds(full_prompt_ids(bound, plain), RETOKENIZED, _refused_reason(client.base_url, exc))
+        if cfg.return_token_id_information and prompt is None:  # raw mode without the engine's prompt ids
+            prompt = await self._raw_prompt_ids(client, completion, request["prompt"])
+        return self._completion_to_chat(completion, prompt, bool(tools), user_logprobs)
+
+    async def _raw_prompt_ids(self, client: NeMoGymAsyncOpenAI, completion: dict, text: str) -> Optional[PromptIds]:
+        choice = (completion.get("choices") or [{}])[0]
+        if isinstance(choice.get("prompt_token_ids"), list):
+            return None  # the engine's own ids are used
+        try:
+            tokens = (await client.create_tokenize(model=self.config.model, prompt=text)).get("tokens")
+        except NeMoGymOpenAIError as exc:
+            raise RuntimeError(
+                f"{self.config.name}: training mode with use_completions_api needs the prompt's token ids; the "
+                f"upstream returned none (vLLM >= 0.10.2 does with return_token_ids) and its POST /tokenize answered "
+                f"HTTP {exc.status}: {exc.body[:300]}"
+            ) from None
+        return PromptIds(list(tokens or []), EXACT)
+
+    def _completion_to_chat(
+        self, completion: dict, prompt: Optional[PromptIds], parse_tools: bool, user_logprobs: bool
+    ) -> dict:
+        """An upstream text completion as the chat completion this server answers: Hermes tool calls parsed out of
+        the text (when tools were offered), token data and `token_trajectory` on the message in training mode."""
+        cfg = self.config
+        choice = (completion.get("choices") or [{}])[0]
+        text = choice.get("text") or ""
+        calls: list[tuple[str, str]] = []
+        if parse_tools:
+            text, calls = parse_hermes_tool_calls(text)
+        message: dict[str, Any] = {"role": "assistant", "content": text if (text or not calls) else None}
+        if calls:
+            message["tool_calls"] = [
+                {"id": new_item_id("call"), "type": "function", "function": {"name": name, "arguments": arguments}}
+                for name, arguments in calls
+            ]
+        finish = choice.get("finish_reason") or "stop"
+        if calls and finish == "stop":
+            finish = "tool_calls"
+        logprobs = _chat_logprobs(choice.get("logprobs"))
+        if cfg.return_token_id_information:
+            ids, log_probs = generation_tokens_from_logprobs(logprobs)  # raises when the upstream sent none
+            engine_ids = choice.get("token_ids")
+            if isinstance(engine_ids, list):
+                if len(engine_ids) != len(log_probs):
+                    raise RuntimeError(
+                        f"{cfg.name}: the upstream returned {len(engine_ids)} token_ids but {len(log_probs)} logprobs "
+                        f"for one completion; training mode needs one log prob per generated token."
+                    )
+                ids = engine_ids
+            engine_prompt = choice.get("prompt_token_ids", completion.get("prompt_token_ids"))
+            if prompt is None:
+                prompt = PromptIds(list(engine_prompt), EXACT)
+            elif isinstance(engine_prompt, list) and engine_prompt != prompt.ids:
+                # The engine read other ids than the ones sent (or tokenized the text differently): report its own.
+                reason = prompt.reason or "caller: the upstream reports prompt_token_ids other than the ones sent"
+                prompt = PromptIds(list(engine_prompt), RETOKENIZED, reason)
+            message["prompt_token_ids"] = prompt.ids
+            message["generation_token_ids"] = ids
+            message["generation_log_probs"] = log_probs
+            message.update(prompt.annotations())
+            routed = choice.get("routed_experts", completion.get("routed_experts"))
+            if routed is not None:
+                message["routed_experts"] = routed
+        out_choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        if user_logprobs:
+            out_choice["logprobs"] = logprobs
+        return {
+            "id": completion.get("id") or new_item_id("chatcmpl"),
+            "object": "chat.completion",
+            "created": completion.get("created") or 0,
+            "model": cfg.model,
+            "choices": [out_choice],
+            "usage": completion.get("usage"),
+        }
 
     async def create_native_response_dict(self, params: dict, *, session_id: Optional[str] = None) -> dict:
         """`is_responses_native`: forward to the upstream's /responses (model, developer role, overrides applied)."""
@@ -625,6 +834,135 @@ class VLLMModel(SimpleResponsesAPIModel):
                     self.config.name,
                     name,
                 )
+
+
+_COMPLETIONS_WHOLE = (
+    "use_completions_api: the upstream's /v1/completions is called without streaming (token data and tool calls "
+    "are read from the whole answer)"
+)
+# Chat-only keys of a prepared chat body, not sent to /v1/completions (everything else goes, extra_body included).
+_CHAT_ONLY_KEYS = frozenset(
+    {"messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template", "chat_template_kwargs",
+     "add_generation_prompt", "continue_final_message", "documents", "mm_processor_kwargs", "logprobs",
+     "top_logprobs", "return_tokens_as_token_ids", "reasoning_effort", "metadata", "store", "service_tier",
+     "stream", "stream_options", "max_completion_tokens", "max_tokens", "response_format", "n"}
+)
+
+
+def _completions_request(body: dict, prompt: Any, training: bool) -> dict:
+    """The upstream /v1/completions request for a prepared chat `body` and its `prompt` (token ids or text)."""
+    request = {k: v for k, v in body.items() if k not in _CHAT_ONLY_KEYS}
+    request["prompt"] = prompt
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    # Unset: null, i.e. up to the context window (vLLM's completions route would otherwise stop at 16 tokens).
+    request["max_tokens"] = max_tokens
+    if body.get("response_format") is not None:
+        request["response_format"] = body["response_format"]
+    top = body.get("top_logprobs")
+    if training or body.get("logprobs"):
+        request["logprobs"] = int(top) if isinstance(top, int) else 0  # 0: the sampled token's log prob only
+    if training:
+        request["return_tokens_as_token_ids"] = True
+        request["return_token_ids"] = True
+    return request
+
+
+def _token_prompt(tokenizer: Any, messages: list[dict]) -> PromptIds:
+    """`continuation_prompt_ids` on `messages`, the previous call's assistant message reduced to its content (the
+    sentinel that stands for its generated ids): a template that renders `tool_calls` / `reasoning_content` after
+    the content would otherwise write that call's tool calls a second time after its ids. A re-tokenized prompt
+    is rendered from the messages as they are."""
+    prev = previous_call(messages)
+    if prev is None:
+        return continuation_prompt_ids(tokenizer, messages)
+    reduced = list(messages)
+    reduced[prev.message_index] = {
+        k: v for k, v in messages[prev.message_index].items()
+        if k not in ("tool_calls", "reasoning_content", "reasoning")
+    }
+    prompt = continuation_prompt_ids(tokenizer, reduced)
+    if prompt.mode != EXACT:
+        return PromptIds(full_prompt_ids(tokenizer, messages), prompt.mode, prompt.reason)
+    return prompt
+
+
+def _raw_prompt(messages: list[dict], tools: Any) -> str:
+    """use_completions_api without render_chat_template: the text of `[user]` or `[system, user]`, blank-line
+    joined (as NeMo Gym v0.5)."""
+    roles = [m.get("role") for m in messages]
+    if tools or roles not in (["user"], ["system", "user"]):
+        raise ChatConversionError(
+            f"use_completions_api without render_chat_template sends the text of a [user] or [system, user] "
+            f"conversation without tools; this request has roles {roles}{' and tools' if tools else ''}. Set "
+            f"render_chat_template: true (and tokenizer) to render any conversation with the chat template."
+        )
+    texts = []
+    for index, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list):
+            if any(not (isinstance(p, dict) and isinstance(p.get("text"), str)) for p in content):
+                raise ChatConversionError(f"messages[{index}]: only text content can be sent as a completions prompt")
+            content = "".join(p["text"] for p in content)
+        texts.append(content or "")
+    return "\n\n".join(texts)
+
+
+def _refused_reason(base_url: str, exc: Optional[NeMoGymOpenAIError]) -> str:
+    said = f" (HTTP {exc.status}: {exc.body[:200]})" if exc is not None else ""
+    return (
+        f"caller: the upstream {base_url} refused a token-id prompt{said}; the rendered text was sent and "
+        f"tokenized again"
+    )
+
+
+def _chat_logprobs(logprobs: Any) -> Optional[dict]:
+    """A completions choice's logprobs (`tokens`, `token_logprobs`, `top_logprobs`) in the chat form
+    (`{"content": [{"token", "logprob", "top_logprobs"}]}`)."""
+    if not isinstance(logprobs, dict):
+        return None
+    if isinstance(logprobs.get("content"), list):
+        return logprobs
+    tokens, values = logprobs.get("tokens"), logprobs.get("token_logprobs")
+    if not isinstance(tokens, list) or not isinstance(values, list):
+        return None
+    tops = logprobs.get("top_logprobs") or [None] * len(tokens)
+    content = []
+    for token, value, top in zip(tokens, values, tops):
+        content.append({
+            "token": token,
+            "logprob": value,
+            "bytes": None,
+            "top_logprobs": [{"token": t, "logprob": lp, "bytes": None} for t, lp in (top or {}).items()],
+        })
+    return {"content": content}
+
+
+def _chat_route_annotations(messages: Optional[list]) -> dict:
+    """`token_trajectory` of a chat-route call: its prompt ids come from the upstream's /tokenize of the whole
+    conversation, so with an earlier assistant turn in it the prompt is re-tokenized."""
+    if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages or ()):
+        return {TOKEN_TRAJECTORY_KEY: EXACT}
+    return {
+        TOKEN_TRAJECTORY_KEY: RETOKENIZED,
+        TOKEN_TRAJECTORY_REASON_KEY: "caller: the chat route re-renders and re-tokenizes the whole conversation "
+        "(POST /tokenize); use_completions_api + render_chat_template build it token-in/token-out",
+    }
+
+
+_CARRIED = (TOKEN_TRAJECTORY_KEY, TOKEN_TRAJECTORY_REASON_KEY, "routed_experts")
+
+
+def _carry_token_annotations(response: dict, completion: dict) -> dict:
+    """The message's `token_trajectory` (+ reason) and `routed_experts` onto the Response's last output item,
+    next to the token ids the conversion put there."""
+    choices = completion.get("choices") or ()
+    message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+    output = response.get("output") or []
+    if isinstance(message, dict) and output and "prompt_token_ids" in output[-1]:
+        for key in _CARRIED:
+            if message.get(key) is not None:
+                output[-1][key] = message[key]
+    return response
 
 
 async def _prompt_token_ids(tokenize: asyncio.Task) -> list:
