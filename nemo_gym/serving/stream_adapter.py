@@ -242,8 +242,8 @@ class StreamAdapter:
             server = self.server.get_session_middleware_key() if hasattr(self.server, "get_session_middleware_key") \
                 else type(self.server).__name__
             print(f"{server} POST {path}: {whole}. Streamed requests that `{name}` serves are answered from the "
-                  f"whole answer (sent as the API's events) from now on, until this server restarts; to get deltas "
-                  f"as they come, make the backend stream.", file=sys.stderr, flush=True)
+                  f"whole answer (sent as the API's events) from now on, until this server restarts; deltas as they "
+                  f"come need a backend (and a mode of this server) that streams.", file=sys.stderr, flush=True)
         await self._buffered(request, scope, receive, send)
 
     async def _refuse_non_finite(self, path: str, fields: list[str], send: Any) -> None:
