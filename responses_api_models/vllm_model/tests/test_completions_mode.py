@@ -180,7 +180,7 @@ def test_config_checks():
     server = make_server(VLLMModel, name="p", base_url="http://x/v1", model="Qwen/Qwen3-4B",
                          return_token_id_information=True, uses_reasoning_parser=False, use_completions_api=True,
                          render_chat_template=True)
-    with pytest.raises(NeMoGymConfigError, match="not a local .gguf file"):
+    with pytest.raises(NeMoGymConfigError, match="neither a local .gguf file nor a local tokenizer folder"):
         server.setup_webserver()
 
 
