@@ -92,12 +92,16 @@ def demo_server(name: str = "test_server", global_config: dict | None = None) ->
 # The app as run_webserver serves it
 
 
-def test_health_route_names_the_server():
+def test_health_route_names_the_server_and_its_client_limit():
+    from nemo_gym.http.transports import DEFAULT_CONNECTOR_LIMIT_PER_HOST
+
     app = demo_server("my_server").build_app()
     with live_server(app) as url:
         response = httpx.get(f"{url}/health")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "name": "my_server"}
+    assert response.json() == {
+        "status": "ok", "name": "my_server", "client_limit_per_host": DEFAULT_CONNECTOR_LIMIT_PER_HOST,
+    }
 
 
 def test_prepare_app_is_idempotent_and_keeps_existing_health_route():
