@@ -10,6 +10,7 @@ BROWSER TEST SKIPPED (`.ci/run` looks for it)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -323,13 +324,37 @@ def test_viewer_in_a_real_browser(rollouts, viewer, browser, tmp_path):
         shutil.copyfile(shot, target)
 
 
-def test_reward_components_and_a_judge_failure_in_a_real_browser(browser, tmp_path):
-    """A multi-reward rollout shows its `reward_components`; a `judge_failed` failure (the collector keeps the
-    agent's answer as `result`) shows its class, message and the episode that was not scored."""
+@contextlib.contextmanager
+def viewing(browser, path: Path, tmp_path: Path):
+    """`ng view PATH` as a child process with `browser` on its page; yields (css, wait): elements by CSS selector,
+    and a bounded wait for a condition that names what the page should show."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
+    def css(selector: str):
+        return browser.find_elements(By.CSS_SELECTOR, selector)
+
+    def wait(condition, what: str):
+        try:
+            return WebDriverWait(browser, WAIT_S).until(lambda _: condition())
+        except TimeoutException:
+            raise AssertionError(f"the page never showed {what}:\n{css('body')[0].text}") from None
+
+    port = free_port()
+    with ChildProcess(
+        [*NG, "view", str(path), "--no-browser", "--port", str(port)],
+        env={"NEMO_GYM_VIEW_CACHE": str(tmp_path / "cache")},
+        name="ng view",
+    ) as proc:
+        proc.wait_http_ok(f"http://127.0.0.1:{port}/api/status", timeout=60)
+        browser.get(f"http://127.0.0.1:{port}/")
+        yield css, wait
+
+
+def test_reward_components_and_a_judge_failure_in_a_real_browser(browser, tmp_path):
+    """A multi-reward rollout shows its `reward_components`; a `judge_failed` failure (the collector keeps the
+    agent's answer as `result`) shows its class, message and the episode that was not scored."""
     path = tmp_path / "rollouts.jsonl"
     response = make_response("Answer: 42").model_dump(mode="json")
     scored = {**task("what is 6 x 7?", 0, 0), "_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.5,
@@ -346,23 +371,7 @@ def test_reward_components_and_a_judge_failure_in_a_real_browser(browser, tmp_pa
                "_ng_failure_terminal": False, "result": unscored}  # fmt: skip
     (tmp_path / "rollouts_failures.jsonl").write_text(json.dumps(failure) + "\n")
 
-    def css(selector: str):
-        return browser.find_elements(By.CSS_SELECTOR, selector)
-
-    def wait(condition, what: str):
-        try:
-            return WebDriverWait(browser, WAIT_S).until(lambda _: condition())
-        except TimeoutException:
-            raise AssertionError(f"the page never showed {what}:\n{css('body')[0].text}") from None
-
-    port = free_port()
-    with ChildProcess(
-        [*NG, "view", str(path), "--no-browser", "--port", str(port)],
-        env={"NEMO_GYM_VIEW_CACHE": str(tmp_path / "cache")},
-        name="ng view",
-    ) as proc:
-        proc.wait_http_ok(f"http://127.0.0.1:{port}/api/status", timeout=60)
-        browser.get(f"http://127.0.0.1:{port}/")
+    with viewing(browser, path, tmp_path) as (css, wait):
         wait(lambda: len(css("tr.rollout-row")) >= 1, "the rollouts")
         next(r for r in css("tr.rollout-row") if "6 x 7" in r.text).click()
         wait(lambda: "reward components" in css("#detail")[0].text.lower(), "the reward components")  # CSS capitalises
@@ -379,9 +388,7 @@ def test_reward_components_and_a_judge_failure_in_a_real_browser(browser, tmp_pa
 def test_token_trajectory_column_and_counts_in_a_real_browser(browser, tmp_path):
     """Rollouts with token ids: the table shows each one's drift check (exact / re-tokenized / unusable) and the
     summary counts them, from the same classification as `ng export tokens`."""
-    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     def episode(task_index: int, second_prompt: list, flag=None) -> dict:
         call = {**function_call("lookup", {"q": "x"}), "prompt_token_ids": [1, 2], "generation_token_ids": [5],
@@ -398,23 +405,7 @@ def test_token_trajectory_column_and_counts_in_a_real_browser(browser, tmp_path)
     rows = [episode(0, [1, 2, 5, 7]), episode(1, [1, 2, 5, 7], "retokenized"), episode(2, [1, 9], "retokenized")]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    def css(selector: str):
-        return browser.find_elements(By.CSS_SELECTOR, selector)
-
-    def wait(condition, what: str):
-        try:
-            return WebDriverWait(browser, WAIT_S).until(lambda _: condition())
-        except TimeoutException:
-            raise AssertionError(f"the page never showed {what}:\n{css('body')[0].text}") from None
-
-    port = free_port()
-    with ChildProcess(
-        [*NG, "view", str(path), "--no-browser", "--port", str(port)],
-        env={"NEMO_GYM_VIEW_CACHE": str(tmp_path / "cache")},
-        name="ng view",
-    ) as proc:
-        proc.wait_http_ok(f"http://127.0.0.1:{port}/api/status", timeout=60)
-        browser.get(f"http://127.0.0.1:{port}/")
+    with viewing(browser, path, tmp_path) as (css, wait):
         wait(lambda: len(css("tr.rollout-row .traj")) == 3, "a trajectory badge on each of the 3 rollouts")
         badges = {r.find_elements(By.CSS_SELECTOR, "td")[0].text: r.find_element(By.CSS_SELECTOR, ".traj").text
                   for r in css("tr.rollout-row")}  # fmt: skip
