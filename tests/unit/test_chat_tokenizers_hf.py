@@ -2,8 +2,8 @@
 checked with a REAL tokenizer trained here (a tiny byte-level BPE made with the `tokenizers` package, ChatML special
 tokens, a ChatML chat template in tokenizer_config.json): rendering as Transformers' apply_chat_template renders,
 tokenize / detokenize, a token-in/token-out continuation that keeps generated ids which re-tokenize differently, the
-loader's errors, and vllm_model in completions mode with that folder as `tokenizer` in front of the fake backend
-(in-process servers on threads; no process is started)."""
+loader's errors (vllm_model in completions mode with such a folder as `tokenizer` is tested in
+responses_api_models/vllm_model/tests/test_completions_mode.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import datetime
 import json
 from pathlib import Path
 
-import httpx
 import pytest
 
 pytest.importorskip("tokenizers", reason='HF tokenizer folders need the tokens extra: pip install -e ".[tokens]"')
@@ -31,62 +30,14 @@ from nemo_gym.api.token_continuation import (  # noqa: E402
     full_prompt_ids,
 )
 from nemo_gym.errors import NeMoGymConfigError  # noqa: E402
+from nemo_gym.testing.tiny_tokenizer import make_tokenizer_folder  # noqa: E402
 
-# ChatML as many HF tokenizer_config.json files write it: one block tag per line, so the output is right only with
-# trim_blocks (the newline after a block tag dropped) and lstrip_blocks (the indentation before one dropped).
-CHATML = (
-    "{% for message in messages %}\n"
-    "  {% if message['role'] == 'system' and not loop.first %}\n"
-    "{{ raise_exception('a system message must come first') }}\n"
-    "  {% endif %}\n"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}\n"
-    "{% if add_generation_prompt %}\n"
-    "<|im_start|>assistant\n"
-    "{% endif %}"
-)
 # The variables apply_chat_template gives a template besides `messages`.
 VARIABLES = (
     "{{ bos_token }}|{{ eos_token }}|{{ tools | tojson }}|{{ strftime_now('%Y') }}|{{ enable_thinking }}|"
     "{% generation %}gen{% endgeneration %}|{% for i in range(3) %}{% if i == 1 %}{% break %}{% endif %}{{ i }}"
     "{% endfor %}|{{ add_generation_prompt }}"
 )
-
-WORDS = ("hello world the weather in oslo is cold today user assistant system tool call answer let me check "
-         "what is sunny rain snow city temperature degrees please thanks sure here you are a helpful").split()
-
-
-def _corpus() -> list[str]:
-    lines = []
-    for k in range(400):
-        words = [WORDS[(k * 7 + j * 3) % len(WORDS)] for j in range(6 + k % 5)]
-        lines.append(" ".join(words) + ("." if k % 3 else "?"))
-        if k % 4 == 0:
-            lines.append('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
-    return lines
-
-
-def make_tokenizer_folder(folder: Path, template: str = CHATML, **config: object) -> Path:
-    """A real HF tokenizer folder: a byte-level BPE trained on a few hundred lines, ChatML special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=700, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
-    tokenizer.train_from_iterator(_corpus(), trainer)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    settings = {"chat_template": template, "bos_token": "<|endoftext|>",
-                "eos_token": {"content": "<|im_end|>", "__type": "AddedToken"}, "pad_token": "<|endoftext|>",
-                "additional_special_tokens": ["<|im_start|>", "<|im_end|>"], **config}
-    (folder / "tokenizer_config.json").write_text(json.dumps(settings), encoding="utf-8")
-    return folder
-
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
@@ -202,55 +153,10 @@ def test_loader_errors_name_the_path(tmp_path, folder):
         load_chat_tokenizer(None)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# vllm_model, completions mode, with the folder as `tokenizer`, against the fake backend's /v1/completions
-
-
 WEATHER_TOOL = {
     "type": "function", "name": "get_weather", "description": "Current weather of a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
-SCRIPT = [
-    {"match": {"endpoint": "completions", "step": 1, "last_user_contains": "Oslo"},
-     "output": ["Let me check.", {"type": "function_call", "name": "get_weather", "arguments": {"city": "Oslo"}}]},
-    {"match": {"endpoint": "completions"}, "output": ["Answer: {{last_tool_output}}"]},
-]
-
-
-def test_vllm_model_completions_mode_with_an_hf_tokenizer_folder(folder, tok):
-    from nemo_gym.testing.fake_openai_server import build_app
-    from nemo_gym.testing.live_server import live_server
-    from nemo_gym.testing.servers import make_server
-    from responses_api_models.vllm_model.app import VLLMModel
-
-    fake = build_app(script=SCRIPT, completions_tokenizer=str(folder))
-    with live_server(fake) as up:
-        server = make_server(
-            VLLMModel, name="policy_model", base_url=f"{up}/v1", model="served", uses_reasoning_parser=False,
-            return_token_id_information=True, use_completions_api=True, render_chat_template=True,
-            tokenizer=str(folder),
-        )
-        with live_server(server.build_app()) as url:
-            r1 = httpx.post(f"{url}/v1/responses", json={"input": "Weather in Oslo?", "tools": [WEATHER_TOOL]},
-                            timeout=60).json()
-            message, call = r1["output"]
-            assert message["content"][0]["text"] == "Let me check."
-            assert (call["name"], call["arguments"]) == ("get_weather", '{"city": "Oslo"}')
-            assert call["token_trajectory"] == EXACT
-            assert tok.detokenize(call["generation_token_ids"]).endswith("</tool_call><|im_end|>")
-            # The tools were described in the system message (plain ChatML does not render `tools`).
-            assert "<tools>" in tok.detokenize(call["prompt_token_ids"])
-            r2 = httpx.post(f"{url}/v1/responses", json={
-                "input": [{"role": "user", "content": "Weather in Oslo?"}, *r1["output"],
-                          {"type": "function_call_output", "call_id": call["call_id"], "output": "-5C"}],
-                "tools": [WEATHER_TOOL]}, timeout=60).json()
-    last = r2["output"][-1]
-    assert last["content"][0]["text"] == "Answer: -5C"
-    assert last["token_trajectory"] == EXACT
-    head = call["prompt_token_ids"] + call["generation_token_ids"]
-    assert last["prompt_token_ids"][: len(head)] == head
-    assert tok.detokenize(last["prompt_token_ids"][len(head):]).startswith("\n<|im_start|>tool\n-5C<|im_end|>")
-    assert [c["prompt_kind"] for c in fake.state.completions] == ["ids", "ids"]
 
 
 def test_template_messages_with_the_hf_tokenizer(tok):

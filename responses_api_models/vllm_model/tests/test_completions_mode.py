@@ -15,6 +15,7 @@ pytest.importorskip("llama_cpp", reason='the real tokenizer needs the local extr
 from nemo_gym.api.chat_tokenizers import (  # noqa: E402
     bind,
     format_hermes_tool_calls,
+    load_chat_tokenizer,
     load_gguf_chat_tokenizer,
     parse_hermes_tool_calls,
     template_messages,
@@ -43,21 +44,35 @@ def tokenizer():
     return load_gguf_chat_tokenizer(default_model_path())
 
 
+@pytest.fixture(scope="module", params=["gguf", "hf_folder"])
+def tokenizer_path(request, tmp_path_factory) -> str:
+    """Where `tokenizer:` points: the SmolLM2 GGUF, or a real Hugging Face folder built here (the tokens extra)."""
+    if request.param == "gguf":
+        return str(default_model_path())
+    pytest.importorskip("tokenizers", reason='HF tokenizer folders need the tokens extra: pip install -e ".[tokens]"')
+    from nemo_gym.testing.tiny_tokenizer import make_tokenizer_folder
+
+    return str(make_tokenizer_folder(tmp_path_factory.mktemp("hf") / "chatml"))
+
+
 @contextlib.contextmanager
-def stack(refuse: bool = False, **fields: Any) -> Iterator[tuple[str, Any]]:
-    fake = build_app(script=SCRIPT, completions_tokenizer="default", refuse_token_prompts=refuse)
+def stack(refuse: bool = False, tokenizer_path: str = "", **fields: Any) -> Iterator[tuple[str, Any]]:
+    tokenizer_path = tokenizer_path or str(default_model_path())
+    fake = build_app(script=SCRIPT, completions_tokenizer=tokenizer_path, refuse_token_prompts=refuse)
     with live_server(fake) as up:
         fields.setdefault("return_token_id_information", True)
         server = make_server(
             VLLMModel, name="policy_model", base_url=f"{up}/v1", model="served", uses_reasoning_parser=False,
-            use_completions_api=True, **{"render_chat_template": True, "tokenizer": str(default_model_path()), **fields},
+            use_completions_api=True, **{"render_chat_template": True, "tokenizer": tokenizer_path, **fields},
         )
         with live_server(server.build_app()) as url:
             yield url, fake
 
 
-def test_two_calls_exact_with_parsed_tool_call_and_text(tokenizer):
-    with stack() as (url, fake):
+def test_two_calls_exact_with_parsed_tool_call_and_text(tokenizer_path):
+    """With either kind of tokenizer: call 2's prompt continues call 1's ids, the tool call is parsed, both exact."""
+    tokenizer = load_chat_tokenizer(tokenizer_path)
+    with stack(tokenizer_path=tokenizer_path) as (url, fake):
         r1 = httpx.post(f"{url}/v1/responses", json={"input": "Weather in Oslo?", "tools": [WEATHER_TOOL]},
                         timeout=60).json()
         message, call = r1["output"]
@@ -65,6 +80,7 @@ def test_two_calls_exact_with_parsed_tool_call_and_text(tokenizer):
         assert (call["type"], call["name"], call["arguments"]) == ("function_call", "get_weather", '{"city": "Oslo"}')
         assert call["token_trajectory"] == EXACT and "routed_experts" not in call
         assert tokenizer.detokenize(call["generation_token_ids"]).endswith("</tool_call><|im_end|>")
+        assert "<tools>" in tokenizer.detokenize(call["prompt_token_ids"])  # plain ChatML: tools in the system text
         r2 = httpx.post(f"{url}/v1/responses", json={
             "input": [{"role": "user", "content": "Weather in Oslo?"}, *r1["output"],
                       {"type": "function_call_output", "call_id": call["call_id"], "output": "-5C"}],
@@ -74,6 +90,7 @@ def test_two_calls_exact_with_parsed_tool_call_and_text(tokenizer):
         assert last["token_trajectory"] == EXACT
         head = call["prompt_token_ids"] + call["generation_token_ids"]
         assert last["prompt_token_ids"][: len(head)] == head
+        assert tokenizer.detokenize(last["prompt_token_ids"][len(head):]).startswith("\n<|im_start|>tool\n-5C<|im_end|>")
         assert [c["prompt_kind"] for c in fake.state.completions] == ["ids", "ids"]
 
 
