@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import sys
@@ -194,6 +195,36 @@ def validation_error_content(errors: Any) -> dict:
     return {"detail": detail}
 
 
+# A refused body this large may be held by reference cycles (the validation error, its traceback's frames) that the
+# serving GC settings (a rare young-generation collection, see runner.tune_gc_for_serving) would keep for long: such
+# a 422 schedules one collection soon after it is answered, at most once a second.
+LARGE_BODY_CHARS = 1024 * 1024
+_collect_state = {"last": 0.0, "pending": False}
+
+
+def _collect_soon() -> None:
+    """One collection shortly after this request is answered, or one second after the last, whichever is later (a
+    burst gets a collection after its end, not one per request)."""
+    if _collect_state["pending"]:
+        return
+    loop = asyncio.get_running_loop()
+    _collect_state["pending"] = True
+    loop.call_later(max(0.05, _collect_state["last"] + 1.0 - loop.time()), _collect_and_trim, loop)
+
+
+def _collect_and_trim(loop: asyncio.AbstractEventLoop) -> None:
+    """Collect cycles, then hand freed heap pages back to the OS (glibc keeps them otherwise; a no-op elsewhere)."""
+    _collect_state["pending"] = False
+    _collect_state["last"] = loop.time()
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def validation_error_handler(server_key: str) -> Callable[[Request, RequestValidationError], Any]:
     """The exception handler for `RequestValidationError`: one log entry (errors and body, truncated) and the 422."""
 
@@ -215,6 +246,8 @@ def validation_error_handler(server_key: str) -> Callable[[Request, RequestValid
             f"{server_key} {request.method} {request.url.path}: request validation failed (HTTP 422).\n"
             f"Errors: {truncate(errors)}\nBody: {truncate(body_text)}"
         )
+        if len(body_text) > LARGE_BODY_CHARS:
+            _collect_soon()
         return JSONResponse(status_code=422, content=content)
 
     return on_validation_error

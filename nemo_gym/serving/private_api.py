@@ -55,7 +55,6 @@ from fastapi.datastructures import DefaultPlaceholder
 from fastapi.dependencies.utils import get_typed_signature
 from fastapi.routing import APIRoute
 from starlette.requests import Request
-from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -65,6 +64,11 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.supervisors import Multiprocess
+
+try:
+    from uvicorn.config import STARTUP_FAILURE
+except ImportError:  # uvicorn < 0.32 keeps it in uvicorn.main
+    from uvicorn.main import STARTUP_FAILURE
 
 from nemo_gym.serving.body import too_large_body
 
