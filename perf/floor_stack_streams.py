@@ -14,7 +14,8 @@ openai_model + simple_agent): collector -> agent `/run`; agent -> resources `/se
 Each server counts the requests it served per path, and the model proxy the calls it made to the LLM; `POST
 /_floor/stats` answers them (not counted), so the harness can check that every rollout made its 8 exchanges.
 
-Run one role (the harness, `start_floor`, starts all three; `perf/floor_vs_stack.py` measures them):
+Run one role (the harness, `floor_stack.start_floor(..., script=<this file>)`, starts all three;
+`perf/floor_vs_stack.py` measures them):
 
     python perf/floor_stack_streams.py resources --port 9001
     python perf/floor_stack_streams.py model --port 9002 --upstream http://127.0.0.1:8000  # the fake LLM
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 from urllib.parse import urlsplit
 
 import orjson
@@ -171,41 +171,6 @@ def agent_routes(model_url: str, resources_url: str, pool: int) -> dict:
         return orjson.dumps({**row, **verified})
 
     return {b"/run": run}
-
-
-def start_floor(upstream: str, model_name: str = "fake-model", pool: int = 64) -> dict:
-    """Start the three floor processes against the LLM at `upstream` (no `/v1`); returns
-    {"resources"|"model"|"agent": ChildProcess} once all three are ready, and the agent `/run` URL under "url"."""
-    from nemo_gym.testing.stack import ChildProcess, free_port
-
-    ports = {name: free_port() for name in ("resources", "model", "agent")}
-    url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    cmd = [sys.executable, __file__]
-    roles = {
-        "resources": [*cmd, "resources", "--port", str(ports["resources"])],
-        "model": [*cmd, "model", "--port", str(ports["model"]), "--upstream", upstream, "--model-name", model_name,
-                  "--pool", str(pool)],
-        "agent": [*cmd, "agent", "--port", str(ports["agent"]), "--model", url["model"], "--resources",
-                  url["resources"], "--pool", str(pool)],
-    }
-    procs = {}
-    try:
-        for name, args in roles.items():
-            procs[name] = ChildProcess(args, name=f"floor {name}")
-        for proc in procs.values():
-            proc.wait_for("floor server ready", timeout=30)
-    except BaseException:
-        stop_floor(procs)
-        raise
-    return {**procs, "url": url["agent"] + "/run"}
-
-
-def stop_floor(floor: dict) -> None:
-    import signal
-
-    for proc in floor.values():
-        if not isinstance(proc, str):
-            proc.stop(signal.SIGTERM, timeout=10)
 
 
 def main() -> None:
