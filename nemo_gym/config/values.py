@@ -3,6 +3,8 @@
 from collections.abc import Mapping
 from typing import Any
 
+from nemo_gym.errors import NeMoGymConfigError
+
 TRUE_STRINGS = frozenset({"1", "true", "yes", "on"})
 
 
@@ -34,3 +36,19 @@ def is_mapping(value: Any) -> bool:
     except ImportError:  # pragma: no cover
         return False
     return isinstance(value, DictConfig)
+
+
+def byte_count(cfg: Any, key: str, default: int, *, limits: str) -> int:
+    """The positive whole number of bytes under `key` (absent, null or empty: `default`). Anything else is a
+    `NeMoGymConfigError` naming the key, what it limits (`limits`) and the default, since a size limit read wrong
+    would either refuse everything or let memory grow without bound."""
+    value = config_get(cfg, key, default)
+    if isinstance(value, str):
+        text = value.strip()
+        value = int(text) if text.isdigit() else default if not text else None
+    if type(value) is not int or value < 1:
+        raise NeMoGymConfigError(
+            f"`{key}` must be a positive whole number of bytes ({limits}), got {config_get(cfg, key)!r}. "
+            f"Remove it for the default ({default} bytes)."
+        )
+    return value

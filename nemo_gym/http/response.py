@@ -360,22 +360,11 @@ DEFAULT_MAX_RESPONSE_BODY_BYTES = 256 * 1024 * 1024
 
 def max_response_body_bytes(cfg: Any) -> int:
     """The cap on response bodies from `cfg` (`http_client_max_response_body_bytes`; absent or null: the default,
-    256 MiB). Anything but a positive integer is a `ValueError` naming the key."""
-    from nemo_gym.config.values import config_get
+    256 MiB). Anything but a positive integer is a `NeMoGymConfigError` (a `ValueError`) naming the key."""
+    from nemo_gym.config.values import byte_count
 
-    value = config_get(cfg, MAX_RESPONSE_BODY_KEY, DEFAULT_MAX_RESPONSE_BODY_BYTES)
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            value = int(str(value).strip())
-        except ValueError:
-            value = 0
-    if value <= 0:
-        raise ValueError(
-            f"Global config key `{MAX_RESPONSE_BODY_KEY}` must be a positive number of bytes (the largest response "
-            f"body the HTTP client reads from another server), got {config_get(cfg, MAX_RESPONSE_BODY_KEY)!r}. "
-            f"Remove it for the default ({DEFAULT_MAX_RESPONSE_BODY_BYTES}, 256 MiB)."
-        )
-    return value
+    return byte_count(cfg, MAX_RESPONSE_BODY_KEY, DEFAULT_MAX_RESPONSE_BODY_BYTES,
+                      limits="the largest response body the HTTP client reads from another server")
 
 
 def _size_text(n: int) -> str:

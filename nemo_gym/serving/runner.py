@@ -15,6 +15,7 @@ from typing import Any, Iterator, Optional
 
 from fastapi import FastAPI
 
+from nemo_gym.config.values import byte_count
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.serving.errors import NeMoGymExceptionMiddleware, eprint
 from nemo_gym.serving.body import BodyLimit
@@ -92,8 +93,10 @@ def serve(
     from nemo_gym.config.global_config import NEMO_GYM_LISTEN_FD_ENV_VAR_NAME
 
     sock = _socket_from_env(NEMO_GYM_LISTEN_FD_ENV_VAR_NAME)
-    max_body = max_request_body_bytes or _global_int(global_config_dict, MAX_REQUEST_BODY_BYTES_KEY_NAME)
-    max_body = max_body or DEFAULT_MAX_REQUEST_BODY_BYTES
+    max_body = max_request_body_bytes or byte_count(
+        global_config_dict, MAX_REQUEST_BODY_BYTES_KEY_NAME, DEFAULT_MAX_REQUEST_BODY_BYTES,
+        limits="the largest request body a server reads",
+    )
     healthcheck_timeout = 30
     if global_config_dict is not None:
         try:
@@ -222,19 +225,6 @@ def _loop_choice() -> str:
         return "uvloop"
     except ImportError:  # pragma: no cover
         return "asyncio"
-
-
-def _global_int(global_config_dict: Any, key: str) -> Optional[int]:
-    value = global_config_dict.get(key) if global_config_dict is not None else None
-    if value in (None, ""):
-        return None
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise NeMoGymConfigError(f"`{key}` must be a whole number of bytes, got {value!r}.") from None
-    if number < 1:
-        raise NeMoGymConfigError(f"`{key}` must be at least 1, got {number}.")
-    return number
 
 
 def _http_choice(max_body: Optional[int] = None) -> Any:
