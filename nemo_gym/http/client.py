@@ -110,6 +110,7 @@ from nemo_gym.http.response import (  # noqa: F401  (re-exported: importable fro
     read_aiohttp_body,
     read_httpx_body,
 )
+from nemo_gym.http.head_view import HeadServerView, head_base_url
 from nemo_gym.http.stack_health import StackHealth
 from nemo_gym.http.retry import (  # noqa: F401  (re-exported)
     DEFAULT_BACKOFF_BASE,
@@ -218,13 +219,8 @@ def _coerce_timeout(timeout: Any) -> dict:
 
 def _head_base_url(head: Any) -> str:
     """`http://host:port` of the head server described by `head` (`host`/`port` as attributes or keys; default
-    127.0.0.1:11000). A wildcard bind address is reached on loopback."""
-    host = _get_field(head, "host") or "127.0.0.1"
-    port = _get_field(head, "port") or 11000
-    if host in ("0.0.0.0", "::"):
-        host = "127.0.0.1"
-    host = f"[{host}]" if ":" in str(host) and not str(host).startswith("[") else host
-    return f"http://{host}:{int(port)}"
+    127.0.0.1:11000)."""
+    return head_base_url(_get_field(head, "host"), _get_field(head, "port"))
 
 
 def _request_body(json: Any, content: Union[bytes, str, None], data: Union[bytes, str, None]) -> Optional[bytes]:
@@ -383,6 +379,7 @@ class ServerClient(RetryingClient):
         self.head_server_config = head_server_config
         self._global_config_dict = global_config_dict
         self._stack_health: Optional[StackHealth] = None
+        self._head_view: Optional[HeadServerView] = None
         self._timeout_dict = _coerce_timeout(timeout)
         self.timeout = httpx.Timeout(**self._timeout_dict)
         self._base_urls: dict[str, str] = {}
@@ -420,6 +417,7 @@ class ServerClient(RetryingClient):
         self._urls.clear()
         self._replicas.clear()
         self._server_types.clear()
+        self._stack_health = self._head_view = None  # made again from the new config on first use
         self._rollout_prefixing, self._observability_known = True, False
         if value is not None:
             self._read_observability(value)
@@ -487,13 +485,7 @@ class ServerClient(RetryingClient):
     def _fetch_actor_bases(self, server_name: str, n: int) -> list[Optional[str]]:
         """Each replica's base URL as the head server lists it now (None: no address, e.g. restarting)."""
         bases: list[Optional[str]] = [None] * n
-        try:
-            response = httpx.get(
-                self._head_url() + "/server_instances", timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False
-            )
-            instances = response.json() if response.status_code == 200 else []
-        except (httpx.HTTPError, ValueError):
-            return bases
+        instances = self.head_view().instances(max_age=0) or []
         for inst in instances:
             if inst.get("process_name") != server_name or inst.get("state") not in ("ready", "restarting"):
                 continue
@@ -582,6 +574,14 @@ class ServerClient(RetryingClient):
             host = f"[{host}]"
         return f"http://{host}:{int(port)}"
 
+    def head_view(self) -> HeadServerView:
+        """The head server's `/server_instances` as this client sees it (made on first use), shared by the failed-
+        server checks (`stack_health`) and the Ray actor replica addresses."""
+        view = self._head_view
+        if view is None:
+            view = self._head_view = HeadServerView(self._head_url())
+        return view
+
     def stack_health(self) -> Optional[StackHealth]:
         """The head server's view of which servers have failed for good, for the servers of this stack (made on
         first use; None without a head server). Consulted only before a retry."""
@@ -590,7 +590,7 @@ class ServerClient(RetryingClient):
             host = _get_field(self.head_server_config, "host") or "127.0.0.1"
             port = _get_field(self.head_server_config, "port") or 11000
             servers = {name: "" for name in _known_server_ids(self._global_config_dict)}
-            health = self._stack_health = StackHealth(str(host), int(port), servers)
+            health = self._stack_health = StackHealth(str(host), int(port), servers, view=self.head_view())
         return health
 
     @classmethod

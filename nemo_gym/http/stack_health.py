@@ -20,12 +20,11 @@ failed (`StackServerFailed`).
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from nemo_gym.config.types import SERVER_TYPES, is_server_ref
+from nemo_gym.http.head_view import LOOKUP_TIMEOUT_S, HeadServerView, head_base_url
 
 __all__ = [
     "FAILED_STATE",
@@ -41,11 +40,6 @@ DEFAULT_CACHE_S = 1.0
 # After a failed attempt an answer at most this old is trusted: fast retries (a collection's /run answered 500 at
 # once by an agent that already knows) must not all reuse an "all well" from just before the server failed.
 AFTER_FAILURE_MAX_AGE_S = 0.2
-LOOKUP_TIMEOUT_S = 3.0  # read / write timeout of one `/server_instances` request
-LOOKUP_CONNECT_TIMEOUT_S = 1.0
-
-if TYPE_CHECKING:  # httpx is imported on the first lookup: importing the collector stays light
-    import httpx
 
 
 def _items(node: Any) -> Iterable[tuple[Any, Any]]:
@@ -172,7 +166,8 @@ def failed_among(instances: Any, needed: Mapping[str, str]) -> list[FailedServer
 
 
 class StackHealth:
-    """The head server's view of the needed servers, looked up at most once per `cache_s` (one lookup at a time).
+    """The head server's view of the needed servers, looked up at most once per `cache_s` (one lookup at a time,
+    through a `HeadServerView` that a `ServerClient` may share for its replica addresses).
 
     `check()` (blocking) is for before the collection starts; `raise_if_failed()` (async, the lookup in a thread)
     for a failed attempt. `last_error` holds why the last lookup got no answer (None when it got one)."""
@@ -185,25 +180,27 @@ class StackHealth:
         *,
         cache_s: float = DEFAULT_CACHE_S,
         timeout_s: float = LOOKUP_TIMEOUT_S,
+        view: Optional[HeadServerView] = None,
     ) -> None:
-        host = "127.0.0.1" if head_host in ("0.0.0.0", "::", "") else head_host
-        bracketed = f"[{host}]" if ":" in host and not host.startswith("[") else host
-        self.url = f"http://{bracketed}:{int(head_port)}/server_instances"
+        self.view = view if view is not None else HeadServerView(head_base_url(head_host, head_port), timeout_s=timeout_s)
+        self.url = self.view.url
         self.hint = status_hint(head_host, int(head_port))
         self.needed = dict(needed)
         self.cache_s = cache_s
-        self._timeout_s = timeout_s
-        self._lock = threading.Lock()  # one lookup at a time; the others reuse its answer
-        self._checked_at: Optional[float] = None
-        self._failed: list[FailedServer] = []
-        self._client: Optional["httpx.Client"] = None  # used under `_lock` only
-        self.lookups = 0
-        self.last_error: Optional[str] = None
+
+    @property
+    def lookups(self) -> int:
+        return self.view.lookups
+
+    @property
+    def last_error(self) -> Optional[str]:
+        return self.view.last_error
 
     @classmethod
     def for_collection(cls, server_client: Any, agents: Iterable[str], **kwargs: Any) -> Optional["StackHealth"]:
         """The health view of the stack `server_client` was loaded from (`ServerClient.load_from_global_config`
-        keeps the head server's address), or None when the client does not say where its head server is."""
+        keeps the head server's address), or None when the client does not say where its head server is. Shares
+        the client's `HeadServerView` when it has one."""
         head = getattr(server_client, "head_server_config", None)
         if head is None:
             return None
@@ -216,43 +213,18 @@ class StackHealth:
         except (TypeError, ValueError):
             return None
         config = getattr(server_client, "global_config_dict", None)
+        head_view = getattr(server_client, "head_view", None)
+        if callable(head_view) and "view" not in kwargs and "timeout_s" not in kwargs:
+            kwargs["view"] = head_view()
         return cls(str(host), port, needed_servers(config, agents), **kwargs)
 
     def check(self, max_age: Optional[float] = None) -> list[FailedServer]:
         """The needed servers that have failed (a lookup no older than `max_age`, default `cache_s`)."""
-        max_age = self.cache_s if max_age is None else max_age
-        if self._fresh(max_age):
-            return self._failed
-        with self._lock:
-            if self._fresh(max_age):  # another caller looked meanwhile
-                return self._failed
-            self._failed = self._lookup()
-            self._checked_at = time.monotonic()
-            return self._failed
-
-    def _fresh(self, max_age: float) -> bool:
-        return self._checked_at is not None and time.monotonic() - self._checked_at < max_age
-
-    def _lookup(self) -> list[FailedServer]:
-        import httpx
-
-        self.lookups += 1
-        if self._client is None:
-            timeout = httpx.Timeout(self._timeout_s, connect=min(LOOKUP_CONNECT_TIMEOUT_S, self._timeout_s))
-            self._client = httpx.Client(timeout=timeout, trust_env=False)
-        try:
-            instances = self._client.get(self.url).raise_for_status().json()
-        except (httpx.HTTPError, ValueError) as exc:
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            return []
-        self.last_error = None
-        return failed_among(instances, self.needed)
+        instances = self.view.instances(self.cache_s if max_age is None else max_age)
+        return failed_among(instances, self.needed) if instances is not None else []
 
     def close(self) -> None:
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+        self.view.close()
 
     def raise_if_failed_now(self, max_age: Optional[float] = None) -> None:
         """Raise `StackServerFailed` when a needed server has failed (blocking lookup)."""
@@ -264,8 +236,8 @@ class StackHealth:
         """Raise `StackServerFailed` when a needed server (or, given one, `server`) has failed. Called after a
         failed attempt, so an answer older than `AFTER_FAILURE_MAX_AGE_S` is looked up again (an older "all well"
         may predate the failure); a fresh one is used without a thread."""
-        if self._fresh(AFTER_FAILURE_MAX_AGE_S):
-            failed = self._failed
+        if self.view.fresh(AFTER_FAILURE_MAX_AGE_S):
+            failed = self.check(AFTER_FAILURE_MAX_AGE_S)
         else:
             failed = await asyncio.to_thread(self.check, AFTER_FAILURE_MAX_AGE_S)
         if server is not None:
