@@ -33,7 +33,10 @@ async def upstream_sse(
     its consumer) closes the connection, which tells the backend to stop."""
     from nemo_gym.http.client import AiohttpTransport, get_global_transport
     from nemo_gym.http.openai_client import NeMoGymOpenAIError
+    from nemo_gym.http.response import ResponseTooLargeError, max_response_body_bytes
     from nemo_gym.http.retry import RetryPolicy
+
+    max_body = max_response_body_bytes(global_config)
 
     content = orjson.dumps(body)
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -52,9 +55,9 @@ async def upstream_sse(
             opened = _Opened(resp.status, resp.headers, resp)
             if resp.status >= 400:
                 try:
-                    opened.error_body = await resp.read()
+                    opened.error_body = await _read_at_most(resp.content.iter_any(), max_body)
                 finally:
-                    resp.release()
+                    resp.close()
             return opened
 
         outcome = await policy.run(open_aiohttp, idempotent=True, label=label)
@@ -66,7 +69,7 @@ async def upstream_sse(
             opened = _Opened(resp.status_code, resp.headers, resp)
             if resp.status_code >= 400:
                 try:
-                    opened.error_body = await resp.aread()
+                    opened.error_body = await _read_at_most(resp.aiter_bytes(), max_body)
                 finally:
                     await resp.aclose()
             return opened
@@ -95,20 +98,31 @@ async def upstream_sse(
                            f"events: the backend does not stream")
     chunks = resp.content.iter_any() if isinstance(resp, aiohttp.ClientResponse) else resp.aiter_bytes()
     decoder = SSEDecoder()
-    pending = b""
+    pending = bytearray()  # the line being received
+    event_size = 0  # bytes of the event being received, its complete lines so far
     finished = False
     try:
         try:
             async for chunk in chunks:
                 pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    event = decoder.line(line.rstrip(b"\r").decode("utf-8"))
-                    if event is not None:
-                        yield event
+                end = pending.rfind(b"\n")
+                if end >= 0:
+                    lines = bytes(pending[:end]).split(b"\n")
+                    del pending[: end + 1]
+                    for line in lines:
+                        event = decoder.line(line.rstrip(b"\r").decode("utf-8"))
+                        event_size = 0 if not line.strip() else event_size + len(line) + 1
+                        if event is not None:
+                            yield event
+                # One event may not hold more than a whole response may (a stream of events may go on).
+                if event_size + len(pending) > max_body:
+                    raise ResponseTooLargeError(size=event_size + len(pending), limit=max_body, declared=False,
+                                                url=url, method="POST")
         except (aiohttp.ClientError, httpx.TransportError) as exc:
+            if isinstance(exc, ResponseTooLargeError):
+                raise
             raise httpx.ReadError(f"POST {url}: the backend's stream broke off: {type(exc).__name__}: {exc}") from exc
-        for line in (pending, b""):
+        for line in (bytes(pending), b""):
             event = decoder.line(line.rstrip(b"\r").decode("utf-8"))
             if event is not None:
                 yield event
@@ -118,6 +132,22 @@ async def upstream_sse(
             resp.release() if finished else resp.close()
         else:
             await resp.aclose()
+
+
+async def _read_at_most(chunks: AsyncIterator[bytes], limit: int) -> bytes:
+    """The first `limit` bytes of a body (an error answer is read for its message, never whole; a transport that
+    caps bodies itself may stop it sooner)."""
+    from nemo_gym.http.response import ResponseTooLargeError
+
+    body = bytearray()
+    try:
+        async for chunk in chunks:
+            body += chunk[: limit - len(body)]
+            if len(body) >= limit:
+                break
+    except ResponseTooLargeError:
+        pass
+    return bytes(body)
 
 
 class _Opened:
