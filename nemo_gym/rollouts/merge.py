@@ -12,12 +12,17 @@ Merging `SHARD.jsonl...` into `OUT.jsonl` (bounded memory: one bit per materiali
   written and the error names the first differing line or the foreign row;
 - rollout lines are copied verbatim, shard after shard; a (task, rollout) already copied from an earlier shard is
   a duplicate: dropped and reported;
+- bad lines (not JSON objects, e.g. a torn last line of an interrupted shard) follow the policy of every rollouts
+  command (`nemo_gym.rollouts.jsonl`): refused by default (exit 2, nothing written), skipped and listed with
+  `skip_bad_lines=true` (`--skip-bad-lines`);
 - `<stem>_failures.jsonl` rows are merged the same way, minus those whose rollout succeeded in some shard; every
   line of a failed rollout from the shard that ran it is kept (they are its attempts: v0.5's `_ng_attempt_index`,
   `_ng_failure_class` and `_ng_failure_terminal` stay, and a resume from the merged file counts them);
 - `OUT_materialized_inputs.jsonl`, `OUT_reward_profiling.jsonl` and `OUT_agent_metrics.json` are then written as
   `ng_collect_rollouts` writes them at its end, so the merged folder looks like that of one unsharded run (rows in a
   different order, which no reader depends on: lines are in completion order there too).
+
+Every file is written to a temporary name and renamed at the end; shards that hold no rollout give no file at all.
 """
 
 from __future__ import annotations
@@ -27,13 +32,13 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
-import orjson
 from pydantic import Field
 
 from nemo_gym.config.types import BaseNeMoGymCLIConfig
 from nemo_gym.errors import NeMoGymConfigError
+from nemo_gym.rollouts.jsonl import SKIP_BAD_LINES_HELP, BadLines, read_rows
 
 __all__ = ["Shard", "parse_shard", "MergeConfig", "MergeReport", "merge_shards"]
 
@@ -73,13 +78,15 @@ class MergeConfig(BaseNeMoGymCLIConfig):
     materialized inputs) into one rollouts file: duplicates (same task and rollout index) are dropped and reported,
     failures that succeeded in another shard are dropped, and the merged file gets its materialized inputs, reward
     profile and agent metrics as one unsharded run would. Exits 1 when the merged run still has failed or missing
-    rollouts."""
+    rollouts, or when the shards hold no rollout (then no file is written). A line that is not a JSON object
+    refuses the merge (exit 2) unless --skip-bad-lines."""
 
     input_jsonl_fpath: Union[str, list[str]] = Field(
         description="The shards' rollout files (each with its _materialized_inputs.jsonl beside it)."
     )
     output_jsonl_fpath: str = Field(description="The merged rollouts file (its companion files go beside it).")
     pass_threshold: float = Field(default=1.0, description="A rollout passes when reward >= this (for pass@k).")
+    skip_bad_lines: bool = Field(default=False, description=SKIP_BAD_LINES_HELP)
 
 
 @dataclass
@@ -95,16 +102,26 @@ class MergeReport:
     failures: int = 0
     failures_succeeded_elsewhere: int = 0
     failure_duplicates: int = 0
-    unreadable_lines: int = 0
-    first_unreadable: Optional[str] = None
+    unkeyed_rows: int = 0  # JSON objects without task and rollout indices: not rollouts of a collection
+    first_unkeyed: Optional[str] = None
     missing: int = 0
+    bad_lines: BadLines = field(default_factory=BadLines)
+    written: bool = False  # False when the shards hold no rollout: no file was written
 
     @property
     def complete(self) -> bool:
-        return self.failures == 0 and self.missing == 0
+        return self.written and self.failures == 0 and self.missing == 0
 
     def lines(self) -> list[str]:
-        out = [f"Merged {self.shards} shard(s) into {self.output}: {self.rollouts} / {self.total_rows} rollouts."]
+        skipped = f"; {self.bad_lines.summary()}" if self.bad_lines.count else ""
+        if not self.written:
+            return [
+                f"Nothing merged: the {self.shards} shard(s) hold no rollout ({self.failures} failed{skipped}); "
+                f"no file was written ({self.output})."
+            ]
+        out = [
+            f"Merged {self.shards} shard(s) into {self.output}: {self.rollouts} / {self.total_rows} rollouts{skipped}."
+        ]
         if self.duplicates:
             out.append(
                 f"Dropped {self.duplicates} duplicate rollout(s) (a task and rollout index already merged from an "
@@ -116,16 +133,20 @@ class MergeReport:
                 + (f" and {self.failure_duplicates} duplicate failure record(s)" if self.failure_duplicates else "")
                 + "."
             )
-        if self.unreadable_lines:
-            out.append(f"Skipped {self.unreadable_lines} unreadable line(s) (the first: {self.first_unreadable}).")
+        if self.unkeyed_rows:
+            out.append(
+                f"Skipped {self.unkeyed_rows} row(s) without `_ng_task_index` / `_ng_rollout_index`, so not "
+                f"rollouts of a collection (the first: {self.first_unkeyed})."
+            )
         if self.failures:
             from nemo_gym.rollouts.collection import CollectionPaths
 
             failures = CollectionPaths(self.output).failures
             out.append(f"{self.failures} rollout(s) failed in every shard that ran them; details in {failures}.")
         if self.missing:
+            on_bad = " or on a skipped bad line" if self.bad_lines.count else ""
             out.append(
-                f"{self.missing} rollout(s) of the materialized inputs are in no shard: a shard is missing or "
+                f"{self.missing} rollout(s) of the materialized inputs are in no shard{on_bad}: a shard is missing or "
                 "unfinished (rerun it with +resume_from_cache=true, then merge again)."
             )
         return out
@@ -193,33 +214,19 @@ class _RowKeys:
         return self.space.position(key >> 32, key & 0xFFFFFFFF) is not None
 
 
-def _keyed_lines(
-    path: Path, report: MergeReport
-) -> Iterator[tuple[int, int, int, bytes]]:
-    """(line number, task, rollout, stripped line) of every line of a shard file that has both indices; others are
-    counted as unreadable."""
+def _keyed_rows(paths: list[Path], report: MergeReport) -> Iterator[tuple[Path, int, int, int, bytes]]:
+    """(file, line number, task, rollout, stripped line) of every row of `paths` that has both indices, in order;
+    other rows are counted, bad lines follow `report.bad_lines`."""
     from nemo_gym.rollouts.collection import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
-    with open(path, "rb") as f:
-        for lineno, line in enumerate(f, start=1):
-            line = line.strip()
-            if not line:
-                continue
-            problem = None
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                row, problem = None, "not valid JSON (a torn last line of an interrupted run?)"
-            if problem is None:
-                task = row.get(TASK_INDEX_KEY_NAME) if isinstance(row, dict) else None
-                rollout = row.get(ROLLOUT_INDEX_KEY_NAME) if isinstance(row, dict) else None
-                if type(task) is int and type(rollout) is int and task >= 0 and rollout >= 0:
-                    yield lineno, task, rollout, line
-                    continue
-                problem = f"no `{TASK_INDEX_KEY_NAME}` / `{ROLLOUT_INDEX_KEY_NAME}`"
-            report.unreadable_lines += 1
-            if report.first_unreadable is None:
-                report.first_unreadable = f"{path}:{lineno}: {problem}"
+    for line in read_rows(paths, report.bad_lines):
+        task, rollout = line.row.get(TASK_INDEX_KEY_NAME), line.row.get(ROLLOUT_INDEX_KEY_NAME)
+        if type(task) is int and type(rollout) is int and task >= 0 and rollout >= 0:
+            yield line.path, line.line, task, rollout, line.text
+            continue
+        report.unkeyed_rows += 1
+        if report.first_unkeyed is None:
+            report.first_unkeyed = f"{line.path}:{line.line}"
 
 
 def _foreign(path: Path, lineno: int, task: int, rollout: int, materialized: Path) -> NeMoGymConfigError:
@@ -229,32 +236,17 @@ def _foreign(path: Path, lineno: int, task: int, rollout: int, materialized: Pat
     )
 
 
-def _merge_lines(
-    shards: list[Path],
-    out_path: Path,
-    keys: _RowKeys,
-    report: MergeReport,
-    on_line: Callable[[Path, int, int, int], bool],
-) -> int:
-    """Copy the keyed lines of `shards` that `on_line(path, lineno, task, rollout)` accepts to `out_path`."""
-    written = 0
-    with open(out_path, "wb") as out:
-        for path in shards:
-            if not path.exists():
-                continue
-            for lineno, task, rollout, line in _keyed_lines(path, report):
-                if not keys.is_row((task << 32) | rollout):
-                    raise _foreign(path, lineno, task, rollout, keys.materialized)
-                if on_line(path, lineno, task, rollout):
-                    out.write(line + b"\n")
-                    written += 1
-    return written
-
-
 def merge_shards(
-    inputs: list[Path], output: Path, *, pass_threshold: float = 1.0, profile: bool = True
+    inputs: list[Path],
+    output: Path,
+    *,
+    pass_threshold: float = 1.0,
+    profile: bool = True,
+    skip_bad_lines: bool = False,
 ) -> MergeReport:
-    """Merge shard rollout files into `output` (and its companion files); see the module docstring."""
+    """Merge shard rollout files into `output` (and its companion files); see the module docstring. Bad lines raise
+    `BadLinesRefused` unless `skip_bad_lines`; nothing is written then, nor when no shard holds a rollout
+    (`report.written` False)."""
     from nemo_gym.rollouts.collection import CollectionPaths, iter_materialized_keys
 
     inputs = _input_paths([str(p) for p in inputs])
@@ -280,7 +272,7 @@ def merge_shards(
             )
     _check_same_run(materialized, inputs)
 
-    report = MergeReport(output=out.output, shards=len(inputs))
+    report = MergeReport(output=out.output, shards=len(inputs), bad_lines=BadLines(skip=skip_bad_lines))
     keys = _RowKeys(materialized[0])
     out.output.parent.mkdir(parents=True, exist_ok=True)
     tmp = {p: p.with_name(p.name + f".tmp{os.getpid()}") for p in (out.output, out.failures, out.materialized_inputs)}
@@ -297,8 +289,6 @@ def merge_shards(
             succeeded.add(key)
             return True
 
-        report.rollouts = _merge_lines(inputs, tmp[out.output], keys, report, take_rollout)
-
         failed: dict[int, Path] = {}  # failed key -> the shard whose lines are kept
 
         def take_failure(path: Path, lineno: int, task: int, rollout: int) -> bool:
@@ -314,8 +304,23 @@ def merge_shards(
                 return False
             return True
 
-        _merge_lines([sp.failures for sp in shard_paths], tmp[out.failures], keys, report, take_failure)
+        # One pass over every file, the shards' rollouts first (so `succeeded` is whole when the failures come):
+        # a bad line anywhere refuses the merge before anything is renamed into place.
+        failure_files = [sp.failures for sp in shard_paths if sp.failures.exists()]
+        is_failure_file = {id(p) for p in failure_files}  # `read_rows` gives back the very objects it was given
+        with open(tmp[out.output], "wb") as rollouts_out, open(tmp[out.failures], "wb") as failures_out:
+            for path, lineno, task, rollout, line in _keyed_rows([*inputs, *failure_files], report):
+                if not keys.is_row((task << 32) | rollout):
+                    raise _foreign(path, lineno, task, rollout, keys.materialized)
+                if id(path) in is_failure_file:
+                    if take_failure(path, lineno, task, rollout):
+                        failures_out.write(line + b"\n")
+                elif take_rollout(path, lineno, task, rollout):
+                    rollouts_out.write(line + b"\n")
+                    report.rollouts += 1
         report.failures = len(failed)
+        if not report.rollouts:
+            return report  # nothing to merge: no file written (the temporary ones go below)
         shutil.copyfile(materialized[0], tmp[out.materialized_inputs])
 
         for key in iter_materialized_keys(materialized[0]):
@@ -325,6 +330,7 @@ def merge_shards(
 
         os.replace(tmp[out.materialized_inputs], out.materialized_inputs)
         os.replace(tmp[out.output], out.output)
+        report.written = True
         if report.failures:
             os.replace(tmp[out.failures], out.failures)
         else:

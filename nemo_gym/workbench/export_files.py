@@ -1,5 +1,6 @@
 """Writing exported training rows as JSONL or Parquet (chosen by the output file's suffix), row by row, so memory
 stays flat, and complete or not at all: rows go to `<name>.partial` beside the output, renamed over it at the end.
+A writer that got no row, or that stopped on an error, leaves no file (and an earlier file at that path as it was).
 
 Parquet needs pyarrow (`pip install 'nemo-gym[parquet]'`), imported only when a `.parquet` file is written. A
 Parquet column has one type for all rows, so every kind has a fixed schema here (a message is a struct of role,
@@ -77,12 +78,14 @@ def arrow_schema(kind: str, reasoning_field: bool = False) -> Any:
 
 
 class RowWriter:
-    """Rows in, one file out. `close()` makes the file appear at its path; `abort()` leaves nothing behind."""
+    """Rows in, one file out. `close()` makes the file appear at its path (when it got rows: `written`); `abort()`
+    leaves nothing behind."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.partial = path.with_name(path.name + ".partial")
         self.rows = 0
+        self.written = False
 
     def write(self, row: dict) -> None:
         raise NotImplementedError
@@ -91,8 +94,12 @@ class RowWriter:
         raise NotImplementedError
 
     def close(self) -> None:
+        if not self.rows:  # nothing to write: no (empty) file
+            self.abort()
+            return
         self._finish(keep=True)
         os.replace(self.partial, self.path)
+        self.written = True
 
     def abort(self) -> None:
         try:

@@ -23,7 +23,10 @@ end; otherwise the running stack that the head server (`+head_server.host/port`)
 Resume: rows are identified by (`_ng_task_index`, `_ng_rollout_index`), which every collected rollout carries.
 Re-running with an existing output keeps the rows in it and re-verifies the others (the failed ones included);
 `+resume_from_cache=false` starts afresh. The input is checked in one streaming pass before anything runs (every
-problem reported as `file:line: ...`); memory stays flat apart from a few bytes of bookkeeping per row.
+problem reported as `file:line: ...`); memory stays flat apart from a few bytes of bookkeeping per row. Lines that
+are not JSON objects follow the policy of every rollouts command (`nemo_gym.rollouts.jsonl`): refused with the
+other problems (exit 2) unless `+skip_bad_lines=true` (`--skip-bad-lines`) skips and lists them. The output grows
+row by row so that an interrupted run resumes; an output that got no row is removed.
 
 Limit: tool calls are not replayed, so a verifier that grades the state the rollout's tool calls left in the
 session (not the state `/seed_session` builds) does not see that state.
@@ -66,13 +69,12 @@ from nemo_gym.rollouts.collection import (
     ProgressDisplay,
     truncate_message,
     check_output_paths,
-    iter_input_lines,
     read_finished_keys,
     repair_jsonl_tail,
     resolve_input_path,
 )
 from nemo_gym.rollouts.failure_routing import NG_FAILURE_JUDGE_ERROR_KEY, declared_failure
-from nemo_gym.rollouts.jsonl import iter_jsonl_objects
+from nemo_gym.rollouts.jsonl import SKIP_BAD_LINES_HELP, BadLines, iter_jsonl_objects, read_rows
 from nemo_gym.rollouts.row_keys import FinishedRollouts, RolloutKeySpace
 
 __all__ = [
@@ -147,6 +149,7 @@ class ReverifyConfig(BaseNeMoGymCLIConfig):
         description="Skip /aggregate_metrics of each resources server over the output (<stem>_aggregate_metrics.json).",
     )
     progress_bar: bool = Field(default=True, description="Show a live progress bar on stderr.")
+    skip_bad_lines: bool = Field(default=False, description=SKIP_BAD_LINES_HELP)
 
 
 def _err(text: str) -> None:
@@ -236,24 +239,21 @@ class VerifierRouting:
 
 @dataclass
 class CheckedRollouts:
-    """What the checking pass learned: the rows' (task, rollout) in file order and the servers they need."""
+    """What the checking pass learned: the rows' (task, rollout) in file order, the servers they need and the bad
+    lines skipped."""
 
     num_rows: int = 0
     tasks: array = field(default_factory=lambda: array("q"))
     rollouts: array = field(default_factory=lambda: array("q"))
     servers: set[str] = field(default_factory=set)
+    bad_lines: BadLines = field(default_factory=BadLines)
 
     def pairs(self) -> Iterator[tuple[int, int]]:
         return zip(self.tasks, self.rollouts)
 
 
-def _parse_row(line: bytes, routing: VerifierRouting) -> tuple[dict, str]:
-    try:
-        row = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise _RowProblem(f"invalid JSON: {exc}") from None
-    if not isinstance(row, dict):
-        raise _RowProblem(f"expected a JSON object (one rollout), got {type(row).__name__}")
+def _check_row(row: dict, routing: VerifierRouting) -> str:
+    """The resources server of a row (a JSON object); `_RowProblem` when the row cannot be re-verified."""
     if not isinstance(row.get("response"), dict):
         raise _RowProblem(
             "no saved `response` object, so this is not a rollout (give the output of ng_collect_rollouts, not its "
@@ -272,19 +272,25 @@ def _parse_row(line: bytes, routing: VerifierRouting) -> tuple[dict, str]:
     reward = row.get(REWARD_KEY_NAME)
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
         raise _RowProblem(f"`reward` must be a number or null, got {reward!r}")
-    return row, routing.server_for(row)
+    return routing.server_for(row)
 
 
 def check_rollouts_file(
-    path: Path, routing: VerifierRouting, *, limit: Optional[int] = None, max_reported: int = MAX_REPORTED_PROBLEMS
+    path: Path,
+    routing: VerifierRouting,
+    *,
+    limit: Optional[int] = None,
+    max_reported: int = MAX_REPORTED_PROBLEMS,
+    skip_bad_lines: bool = False,
 ) -> CheckedRollouts:
     """Check every row that will be used (streaming) and raise `InputValidationError` listing the problems as
-    `file:line: ...`: not JSON, no indices, no `response`, no resources server, the same (task, rollout) twice."""
+    `file:line: ...`: no indices, no `response`, no resources server, the same (task, rollout) twice; with them the
+    bad lines (not JSON objects), unless `skip_bad_lines`. Bad lines alone raise `BadLinesRefused`."""
     if path.is_dir():
         raise NeMoGymConfigError(f"+input_jsonl_fpath={path} is a folder; give the rollouts JSONL file in it.")
     if not path.is_file():
         raise NeMoGymConfigError(f"Rollouts file not found: {path} (+input_jsonl_fpath).")
-    checked = CheckedRollouts()
+    checked = CheckedRollouts(bad_lines=BadLines(skip=skip_bad_lines, not_done="nothing was re-verified"))
     lines = array("q")
     problems: list[InputProblem] = []
     total = 0
@@ -295,22 +301,35 @@ def check_rollouts_file(
         if len(problems) < max_reported:
             problems.append(InputProblem(str(path), lineno, message))
 
-    with open(path, "rb") as f:
-        for lineno, line in iter_input_lines(f, limit):
-            try:
-                row, server = _parse_row(line, routing)
-            except _RowProblem as exc:
-                problem(lineno, str(exc))
-                continue
-            checked.servers.add(server)
-            checked.tasks.append(row[TASK_INDEX_KEY_NAME])
-            checked.rollouts.append(row[ROLLOUT_INDEX_KEY_NAME])
-            lines.append(lineno)
+    bad_lines = checked.bad_lines
+    for line in read_rows([path], bad_lines, limit=limit, settle=False):
+        try:
+            server = _check_row(line.row, routing)
+        except _RowProblem as exc:
+            problem(line.line, str(exc))
+            continue
+        checked.servers.add(server)
+        checked.tasks.append(line.row[TASK_INDEX_KEY_NAME])
+        checked.rollouts.append(line.row[ROLLOUT_INDEX_KEY_NAME])
+        lines.append(line.line)
     checked.num_rows = len(lines)
-    if not total and not checked.num_rows:
-        raise NeMoGymConfigError(
-            f"{path} has no rows (the file is empty or holds only blank lines), so there is nothing to re-verify."
+    if bad_lines.refusing and not total:
+        raise bad_lines.refusal()
+    if bad_lines.refusing:  # bad lines and other problems: all in one list, in file order
+        problems = sorted(
+            [*problems, *(InputProblem(b.path, b.line, b.problem) for b in bad_lines.first)],
+            key=lambda p: p.line,
         )
+        raise InputValidationError(
+            problems,
+            total + bad_lines.count,
+            what=f"rollouts file {path}",
+            fix=f"fix or remove the line(s) and rerun; {bad_lines.count} of them are bad lines (not JSON objects), "
+            "which --skip-bad-lines skips",
+        )
+    if not total and not checked.num_rows:
+        what = bad_lines.summary() if bad_lines.count else "the file is empty or holds only blank lines"
+        raise NeMoGymConfigError(f"{path} has no rows ({what}), so there is nothing to re-verify.")
     if not total:  # duplicates: a second row with the same (task, rollout) could not be told apart on resume
         seen = FinishedRollouts(RolloutKeySpace.from_pairs(checked.pairs))
         first_line: dict[int, int] = {}
@@ -505,16 +524,17 @@ async def _reverify_one(
 def _iter_pending(
     path: Path, routing: VerifierRouting, finished: Any, limit: Optional[int]
 ) -> Iterator[_Pending]:
-    """The rows of the (already checked) input that are not in `finished`, with their resources server."""
-    with open(path, "rb") as f:
-        for lineno, line in iter_input_lines(f, limit):
-            try:
-                row, server = _parse_row(line, routing)
-            except _RowProblem as exc:  # the file changed since it was checked
-                raise InputValidationError([InputProblem(str(path), lineno, str(exc))]) from None
-            if finished and rollout_key(row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]) in finished:
-                continue
-            yield _Pending(row, server)
+    """The rows of the (already checked) input that are not in `finished`, with their resources server (bad lines
+    were reported by the check and are skipped here)."""
+    for line in read_rows([path], BadLines(skip=True), limit=limit):
+        row = line.row
+        try:
+            server = _check_row(row, routing)
+        except _RowProblem as exc:  # the file changed since it was checked
+            raise InputValidationError([InputProblem(str(path), line.line, str(exc))]) from None
+        if finished and rollout_key(row[TASK_INDEX_KEY_NAME], row[ROLLOUT_INDEX_KEY_NAME]) in finished:
+            continue
+        yield _Pending(row, server)
 
 
 async def _run_all(
@@ -645,7 +665,6 @@ def _open_output(
     else:
         output.unlink(missing_ok=True)
     paths.failures.unlink(missing_ok=True)  # failed rows of an earlier run are retried now
-    output.touch()
     return counts, finished
 
 
@@ -693,8 +712,9 @@ def _verify_rows(
             return False
         finally:
             display.stop()
-            if paths.failures.exists() and paths.failures.stat().st_size == 0:
-                paths.failures.unlink()
+            for path in (paths.output, paths.failures):  # no empty files: a file is there when it has rows
+                if path.exists() and path.stat().st_size == 0:
+                    path.unlink()
     return True
 
 
@@ -748,20 +768,24 @@ async def _aggregate(client: Any, routing: VerifierRouting, paths: CollectionPat
         print(f"Aggregate metrics: {paths.aggregate_metrics}")
 
 
-def _report(config: ReverifyConfig, paths: CollectionPaths, counts: CollectionOutcome, completed: bool) -> int:
+def _report(
+    config: ReverifyConfig, paths: CollectionPaths, counts: CollectionOutcome, completed: bool, bad_lines: BadLines
+) -> int:
     """Print the outcome and the diff; returns the exit code."""
     if not completed:
-        _err(
-            f"Interrupted: {counts.succeeded} re-verified rows were saved to {paths.output}. "
-            "Rerun the same command to finish."
-        )
+        saved = f"were saved to {paths.output}" if counts.succeeded else "were saved (no output file was written)"
+        _err(f"Interrupted: {counts.succeeded} re-verified rows {saved}. Rerun the same command to finish.")
         return 130
     done = counts.cached + counts.succeeded
-    parts = [f"Re-verified {done} / {counts.total} rollouts into {paths.output}"]
+    where = f"into {paths.output}" if done else f"; no file was written ({paths.output})"
+    parts = [f"Re-verified {done} / {counts.total} rollouts {where}".replace(" ;", ";")]
     if counts.cached:
         parts.append(f"{counts.cached} from an earlier run, {counts.succeeded} new")
+    if bad_lines.count:
+        parts.append(bad_lines.summary())
     print("; ".join(parts) + ".")
-    print_diff(reward_diff(paths.output, config.num_changed_rows_shown))
+    if done:
+        print_diff(reward_diff(paths.output, config.num_changed_rows_shown))
     if counts.failed:
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(counts.failure_types.items()))
         _err(
@@ -770,6 +794,13 @@ def _report(config: ReverifyConfig, paths: CollectionPaths, counts: CollectionOu
         )
     sys.stdout.flush()
     return 1 if counts.failed else 0
+
+
+def _checked_input(config: ReverifyConfig, input_path: Path, routing: VerifierRouting) -> CheckedRollouts:
+    """The checking pass; the bad lines it skipped (--skip-bad-lines) are listed on stderr before any work."""
+    checked = check_rollouts_file(input_path, routing, limit=config.limit, skip_bad_lines=config.skip_bad_lines)
+    checked.bad_lines.warn_skipped("ng_reverify")
+    return checked
 
 
 def _refuse_overwriting_input(paths: CollectionPaths, input_path: Path) -> None:
@@ -806,7 +837,7 @@ def reverify_from_config(config: ReverifyConfig, *, server_client: Any = None) -
                 "+start_servers=true needs server blocks in the config: pass \"+config_paths=[your_stack.yaml]\"."
             )
         routing = VerifierRouting(cfg, **options)
-        checked = check_rollouts_file(input_path, routing, limit=config.limit)
+        checked = _checked_input(config, input_path, routing)
         counts, finished = _open_output(config, checked, paths)
         completed = True
         if counts.cached < counts.total:  # nothing to start when every row is in the output already
@@ -815,7 +846,7 @@ def reverify_from_config(config: ReverifyConfig, *, server_client: Any = None) -
                 completed = _verify_rows(
                     config, client, routing, input_path, paths, counts, finished, sorted(checked.servers)
                 )
-        return _report(config, paths, counts, completed)
+        return _report(config, paths, counts, completed, checked.bad_lines)
 
     if server_client is None:
         try:
@@ -823,9 +854,9 @@ def reverify_from_config(config: ReverifyConfig, *, server_client: Any = None) -
         except ValueError as exc:  # no stack there: one line, exit 1
             raise NeMoGymStackError(str(exc)) from None
     routing = VerifierRouting(server_client.global_config_dict, **options)
-    checked = check_rollouts_file(input_path, routing, limit=config.limit)
+    checked = _checked_input(config, input_path, routing)
     counts, finished = _open_output(config, checked, paths)
     completed = _verify_rows(
         config, server_client, routing, input_path, paths, counts, finished, sorted(checked.servers)
     )
-    return _report(config, paths, counts, completed)
+    return _report(config, paths, counts, completed, checked.bad_lines)

@@ -195,7 +195,7 @@ def test_running_stack_unchanged_verifier_sessions_and_bad_input(collected, tmp_
     assert unseeded.wait(timeout=300) == 1, unseeded.output
     failed = read_jsonl(tmp_path / "unseeded_failures.jsonl")
     assert len(failed) == 10 and all("never seeded" in f["message"] for f in failed)
-    assert read_jsonl(tmp_path / "unseeded.jsonl") == []
+    assert not (tmp_path / "unseeded.jsonl").exists()  # no row re-verified: no output file
 
     # A broken line and a row without `response`: refused before anything is sent, each with its file:line.
     bad = tmp_path / "bad.jsonl"
@@ -208,6 +208,6 @@ def test_running_stack_unchanged_verifier_sessions_and_bad_input(collected, tmp_
     )
     assert refused.wait(timeout=120) == 2, refused.output
     first_line = refused.output.strip().splitlines()[0]
-    assert first_line.startswith(f"error: ng_reverify: {bad}:2: invalid JSON"), refused.output
+    assert first_line.startswith(f"error: ng_reverify: {bad}:2: not valid JSON"), refused.output
     assert f"{bad}:3: no saved `response` object" in refused.output
     assert not (tmp_path / "x.jsonl").exists()

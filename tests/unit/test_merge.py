@@ -19,6 +19,7 @@ from nemo_gym.rollouts.collection import (
     materialize_input_file,
     run_from_config,
 )
+from nemo_gym.rollouts.jsonl import BadLinesRefused
 from nemo_gym.rollouts.merge import Shard, merge_shards, parse_shard
 from nemo_gym.rollouts.reward_profile import profile_rollouts
 
@@ -209,15 +210,44 @@ def test_missing_files_and_bad_outputs_are_refused(tmp_path):
         merge_shards([lone], tmp_path / "m.jsonl")
 
 
-def test_a_torn_last_line_is_skipped_and_reported(tmp_path):
+def test_a_torn_last_line_is_refused_or_skipped_with_the_flag(tmp_path):
     write_tasks(tmp_path / "tasks.jsonl", 2)
     a = tmp_path / "a" / "r.jsonl"
     collect(tmp_path, a, ScoringAgent())
     with open(a, "ab") as f:
         f.write(b'{"_ng_task_index": 1, "rew')
+    out = tmp_path / "m" / "r.jsonl"
+    with pytest.raises(BadLinesRefused) as info:
+        merge_shards([a], out)
+    assert str(info.value).startswith(f"{a}:7: not valid JSON (unexpected end of data")
+    assert "the last line has no newline" in str(info.value) and "--skip-bad-lines" in str(info.value)
+    assert not out.parent.exists() or not list(out.parent.iterdir())  # nothing written, no temporary file left
+
+    report = merge_shards([a], out, skip_bad_lines=True)
+    assert report.rollouts == 6 and report.bad_lines.count == 1 and report.complete
+    assert "6 / 6 rollouts; skipped 1 bad line." in report.lines()[0]
+
+
+def test_rows_without_indices_are_skipped_and_shards_without_rollouts_write_nothing(tmp_path):
+    write_tasks(tmp_path / "tasks.jsonl", 2)
+    a = tmp_path / "a" / "r.jsonl"
+    collect(tmp_path, a, ScoringAgent())
+    with open(a, "ab") as f:
+        f.write(b'{"note": "added by hand"}\n')
     report = merge_shards([a], tmp_path / "m" / "r.jsonl")
-    assert report.rollouts == 6 and report.unreadable_lines == 1 and report.complete
-    assert f"{a}:7: not valid JSON" in "\n".join(report.lines())
+    assert report.rollouts == 6 and report.unkeyed_rows == 1 and report.complete
+    assert f"without `_ng_task_index` / `_ng_rollout_index`, so not rollouts of a collection (the first: {a}:7)" in (
+        "\n".join(report.lines())
+    )
+
+    empty = tmp_path / "e" / "r.jsonl"
+    empty.parent.mkdir()
+    empty.write_text("")
+    (tmp_path / "e" / "r_materialized_inputs.jsonl").write_bytes(CollectionPaths(a).materialized_inputs.read_bytes())
+    out = tmp_path / "n" / "r.jsonl"
+    report = merge_shards([empty], out)
+    assert not report.written and not report.complete and not list(out.parent.iterdir())
+    assert report.lines()[0].startswith("Nothing merged: the 1 shard(s) hold no rollout (0 failed)")
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -241,4 +271,17 @@ def test_merge_command(tmp_path, capsys, monkeypatch):
     assert "in no shard" in capsys.readouterr().out
     assert merge.main(["a.jsonl", "missing.jsonl", "-o", "x.jsonl"]) == 2
     assert "error: ng_merge: Shard file not found: missing.jsonl" in capsys.readouterr().err
+
+    bad_line = len(b.read_text().splitlines()) + 1
+    with open(b, "a") as f:
+        f.write("[1, 2]\n")  # a bad line: refused, the earlier merge left as it was
+    before = (tmp_path / "out" / "all.jsonl").read_bytes()
+    assert merge.main(["a.jsonl", "b.jsonl", "-o", "out/all.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: ng_merge: b.jsonl:{bad_line}: a JSON list, not an object\n1 bad line")
+    assert (tmp_path / "out" / "all.jsonl").read_bytes() == before
+    assert merge.main(["a.jsonl", "b.jsonl", "-o", "out/all.jsonl", "--skip-bad-lines"]) == 0
+    captured = capsys.readouterr()
+    assert "9 / 9 rollouts; skipped 1 bad line." in captured.out
+    assert "warning: ng_merge: skipped 1 bad line (--skip-bad-lines):\n  b.jsonl:" in captured.err
     assert find_command("ng_merge") is merge and find_command("nemo_gym_merge") is merge

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.rollouts.collection import InputValidationError
+from nemo_gym.rollouts.jsonl import BadLinesRefused
 from nemo_gym.workbench.reverify import (
     VerifierRouting,
     check_rollouts_file,
@@ -101,12 +102,13 @@ def test_check_reports_every_bad_line_with_file_and_line(tmp_path):
         check_rollouts_file(path, VerifierRouting(stack_config()))
     messages = [str(p) for p in info.value.problems]
     assert [m.split(": ", 1)[0] for m in messages] == [f"{path}:{n}" for n in (2, 3, 4, 5, 7)]
-    assert "invalid JSON" in messages[0]
+    assert "not valid JSON (unexpected character" in messages[0]
     assert "no saved `response` object" in messages[1]
     assert "`_ng_task_index` must be a non-negative integer, got -1" in messages[2]
     assert "`reward` must be a number or null" in messages[3]
     assert "agent `nobody` is not in the stack" in messages[4]
-    assert str(info.value).startswith(f"{path}:2: invalid JSON")
+    assert str(info.value).startswith(f"{path}:2: not valid JSON")
+    assert "1 of them are bad lines (not JSON objects), which --skip-bad-lines skips" in str(info.value)
 
     # Duplicates are found once every line is otherwise fine.
     path = write(tmp_path / "dup.jsonl", [rollout(0, 0), rollout(0, 1), rollout(0, 0, agent="code_agent")])
@@ -116,6 +118,27 @@ def test_check_reports_every_bad_line_with_file_and_line(tmp_path):
 
     with pytest.raises(NeMoGymConfigError, match="has no rows"):
         check_rollouts_file(write(tmp_path / "empty.jsonl", []), VerifierRouting(stack_config()))
+
+
+def test_bad_lines_alone_are_refused_or_skipped_with_the_flag(tmp_path):
+    path = write(tmp_path / "r.jsonl", [rollout(0, 0), "{not json", rollout(0, 1), "[1]", "", rollout(1, 0)])
+    with pytest.raises(BadLinesRefused) as info:
+        check_rollouts_file(path, VerifierRouting(stack_config()))
+    text = str(info.value)
+    assert text.startswith(f"{path}:2: not valid JSON (")
+    assert f"  {path}:4: a JSON list, not an object" in text
+    assert "2 bad lines (lines that are not JSON objects): nothing was re-verified." in text
+    assert "--skip-bad-lines" in text
+
+    checked = check_rollouts_file(path, VerifierRouting(stack_config()), skip_bad_lines=True)
+    assert list(checked.pairs()) == [(0, 0), (0, 1), (1, 0)]
+    assert checked.bad_lines.count == 2 and checked.bad_lines.summary() == "skipped 2 bad lines"
+    limited = check_rollouts_file(path, VerifierRouting(stack_config()), skip_bad_lines=True, limit=2)
+    assert list(limited.pairs()) == [(0, 0), (0, 1)]  # bad lines do not count toward the limit
+
+    only_bad = write(tmp_path / "bad.jsonl", ["{", "2"])
+    with pytest.raises(NeMoGymConfigError, match=r"has no rows \(skipped 2 bad lines\)"):
+        check_rollouts_file(only_bad, VerifierRouting(stack_config()), skip_bad_lines=True)
 
 
 def test_check_collects_the_servers_and_honours_limit(tmp_path):

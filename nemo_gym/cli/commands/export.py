@@ -10,8 +10,13 @@ def run(config) -> int:
 
     report = export_rollouts(config)
     print("\n".join(report.lines()), flush=True)
-    if report.kept == 0:
-        COMMAND.error(f"nothing was exported ({report.output} has no rows); see the reasons above.")
+    report.bad_lines.warn_skipped(COMMAND.script)
+    if not report.written:
+        dropped = sum(report.dropped.values())
+        reasons = ", ".join(f"{n} {reason}" for reason, n in report.dropped.most_common())
+        skipped = f" ({report.bad_lines.summary()})" if report.bad_lines.count else ""
+        why = f"{dropped} dropped ({reasons})" if dropped else f"the input holds no rollout{skipped}"
+        COMMAND.error(f"no row kept: {why}; no file was written ({report.output}). See the reasons above.")
         return 1
     return 0
 

@@ -9,8 +9,13 @@ def run(config) -> int:
     from nemo_gym.rollouts.merge import merge_shards
 
     inputs = [config.input_jsonl_fpath] if isinstance(config.input_jsonl_fpath, str) else config.input_jsonl_fpath
-    report = merge_shards(inputs, config.output_jsonl_fpath, pass_threshold=config.pass_threshold)
+    report = merge_shards(
+        inputs, config.output_jsonl_fpath, pass_threshold=config.pass_threshold, skip_bad_lines=config.skip_bad_lines
+    )
     print("\n".join(report.lines()), flush=True)
+    report.bad_lines.warn_skipped(COMMAND.script)
+    if not report.written:
+        COMMAND.error(f"nothing merged: no rollout in the shards; no file was written ({report.output}).")
     return 0 if report.complete else 1
 
 

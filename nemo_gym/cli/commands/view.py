@@ -12,6 +12,7 @@ from pydantic import Field
 from nemo_gym.cli.command import Command
 from nemo_gym.config.types import BaseNeMoGymCLIConfig
 from nemo_gym.errors import NeMoGymConfigError
+from nemo_gym.rollouts.jsonl import SKIP_BAD_LINES_HELP, BadLines
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -20,8 +21,9 @@ class ViewConfig(BaseNeMoGymCLIConfig):
     """Serve a page on this machine that shows rollout files: a table of rollouts to sort and filter, each
     rollout as a conversation with its tool calls and reward, the repeats of a task side by side, the run's
     reward histogram, pass@k and failures, and the <stem>_failures.jsonl rows. Files still being written by
-    ng_collect_rollouts refresh live. Each file is indexed once into a cache (big files are never loaded whole).
-    Runs until Ctrl-C."""
+    ng_collect_rollouts refresh live. Each file is indexed once into a cache (big files are never loaded whole)
+    before the page is served. A line that is not a JSON object refuses the files (exit 2) unless --skip-bad-lines;
+    one that appears while a file is followed is skipped and named on stderr. Runs until Ctrl-C."""
 
     input_jsonl_fpath: Union[str, list[str]] = Field(
         description="Rollout file(s) written by ng_collect_rollouts (their _failures.jsonl is read too)."
@@ -34,6 +36,7 @@ class ViewConfig(BaseNeMoGymCLIConfig):
     cache_dir: Optional[str] = Field(
         default=None, description="Where the indexes go (null = NEMO_GYM_VIEW_CACHE, else ~/.cache/nemo_gym/view)."
     )
+    skip_bad_lines: bool = Field(default=False, description=SKIP_BAD_LINES_HELP)
 
 
 def _input_paths(value: Union[str, list[str]]) -> list[Path]:
@@ -66,6 +69,29 @@ def _open_browser(url: str) -> None:
         pass
 
 
+_BIG_BYTES = 64 << 20  # files with more than this left to index get a note while the viewer starts
+
+
+def _index_now(indexes: list, skip_bad_lines: bool) -> None:
+    """Bring every index up to date before serving, so bad lines are known: refused (`BadLinesRefused`, exit 2)
+    unless `skip_bad_lines`, in which case they are listed on stderr. An index from an earlier `ng view` is reused."""
+    bad_lines = BadLines(skip=skip_bad_lines, not_done="the viewer was not started")
+    for ix in indexes:
+        state = ix.state()
+        left = sum(
+            max(0, (path.stat().st_size if path.exists() else 0) - (state[s].end_offset if s in state else 0))
+            for s, path in ix.sources.items()
+        )
+        if left > _BIG_BYTES:
+            note = f"{left / 2**20:.0f} MB to read; the next ng view reuses the index"
+            print(f"Indexing {ix.path} ({note}) ...", flush=True)
+        ix.update()
+        count, first = ix.bad_lines()
+        bad_lines.add_counted(first, count)
+    bad_lines.check()
+    bad_lines.warn_skipped(COMMAND.script)
+
+
 def run(config: ViewConfig) -> int:
     import uvicorn
 
@@ -80,6 +106,13 @@ def run(config: ViewConfig) -> int:
         query = RolloutQuery(indexes)
     except TooManyFiles as exc:
         raise NeMoGymConfigError(str(exc)) from None
+    try:
+        _index_now(indexes, config.skip_bad_lines)
+    except BaseException:
+        query.close()
+        for ix in indexes:
+            ix.close()
+        raise
     port = reserve_port(config.host, port=config.port) if config.port else reserve_port(config.host)
     sock = take_reserved_socket(config.host, port)
     watcher = Watcher(indexes, config.refresh_s).start()
