@@ -39,7 +39,8 @@ Compatible with NeMo Gym v0.2 (same parameters, indices and files), with these a
   agent -> repeats (with `_default`);
   `prompt_config` renders every row's input from a template; with `observability_enabled` each result gets its
   model calls as `ng_model_call_capture`.
-- A live progress bar on stderr: done / failed / rollouts per second / mean reward so far / ETA.
+- A live progress bar on stderr: done, then ok / incomplete / failed (`rollouts/outcome.py`), rollouts per second,
+  mean reward so far, ETA; the summary at the end counts the new rollouts the same way.
 
 Task indices: the first distinct line gets 0, the next distinct line 1, and so on; a line identical to an earlier
 one (after stripping surrounding whitespace) gets that line's task index and continues its rollout numbering.
@@ -67,6 +68,7 @@ from pydantic import Field, ValidationError, field_validator
 from nemo_gym.config.types import AGENT_SERVER_TYPE, BaseNeMoGymCLIConfig, format_validation_errors
 from nemo_gym.errors import NeMoGymConfigError, NeMoGymStackError, did_you_mean
 from nemo_gym.rollouts.jsonl import iter_jsonl_objects
+from nemo_gym.rollouts.outcome import FAILED, INCOMPLETE_NOTE, Outcome, OutcomeCounts, rollout_outcome
 from nemo_gym.rollouts.row_keys import FinishedRollouts, RolloutKeySpace, TaskIndexMap
 from nemo_gym.rollouts.skills import SkillsConfig
 from nemo_gym.servers.model_call_capture import (
@@ -893,6 +895,13 @@ class RolloutResult:
         return self.error_type is None
 
     @property
+    def outcome(self) -> Outcome:
+        """ok / incomplete / failed (`rollouts/outcome.py`): a failure, else what its answer's response says."""
+        if not self.ok or self.result is None:
+            return Outcome(FAILED, self.error_type or "unknown", self.message)
+        return rollout_outcome(self.result)
+
+    @property
     def persist(self) -> bool:
         """False for an answer marked `_ng_no_persist` (kill-shaped): kept nowhere, run again on resume."""
         return not (self.failure_class is not None and self.result is not None and self.result.get(NG_NO_PERSIST_KEY))
@@ -1218,13 +1227,15 @@ def agent_names_in_config(cfg: Any) -> list[str]:
 
 
 class ProgressDisplay:
-    """The live bar on stderr: done / failed / rollouts per second / mean reward so far / ETA."""
+    """The live bar on stderr: done, ok / incomplete / failed (`rollouts/outcome.py`), rollouts per second, mean
+    reward so far, ETA."""
 
     def __init__(self, total: int, already_done: int, enabled: bool) -> None:
         self.total = total
         self.done = already_done
         self.new_done = 0
         self.failed = 0
+        self.outcomes = OutcomeCounts()
         self.reward_sum = 0.0
         self.reward_count = 0
         self.start = time.monotonic()
@@ -1237,6 +1248,8 @@ class ProgressDisplay:
                 TextColumn("[bold]rollouts"),
                 BarColumn(),
                 MofNCompleteColumn(),
+                TextColumn("ok [green]{task.fields[ok]}[/]"),
+                TextColumn("incomplete [yellow]{task.fields[incomplete]}[/]"),
                 TextColumn("failed [red]{task.fields[failed]}[/]"),
                 TextColumn("{task.fields[rate]} rollouts/s"),
                 TextColumn("mean reward {task.fields[mean_reward]}"),
@@ -1246,8 +1259,9 @@ class ProgressDisplay:
                 refresh_per_second=4,
             )
             self._task = self._progress.add_task(
-                "collect", total=total, completed=already_done, failed=0, rate="-", mean_reward="-"
-            )
+                "collect", total=total, completed=already_done, ok=0, incomplete=0, failed=0, rate="-",
+                mean_reward="-",
+            )  # fmt: skip
             self._progress.start()
 
     @property
@@ -1255,6 +1269,7 @@ class ProgressDisplay:
         return self.reward_sum / self.reward_count if self.reward_count else None
 
     def update(self, result: RolloutResult) -> None:
+        self.outcomes.add(result.outcome)
         if result.ok:
             self.done += 1
             self.new_done += 1
@@ -1270,7 +1285,9 @@ class ProgressDisplay:
             self._progress.update(
                 self._task,
                 completed=self.done + self.failed,
-                failed=self.failed,
+                ok=self.outcomes.ok,
+                incomplete=self.outcomes.incomplete,
+                failed=self.outcomes.failed,
                 rate=f"{(self.new_done + self.failed) / elapsed:.1f}",
                 mean_reward="-" if mean is None else f"{mean:.3f}",
             )
@@ -1301,6 +1318,8 @@ class CollectionOutcome:
     stopped: Optional[StackServerFailed] = None
     # The drift check of each new rollout's token trajectory, counted as it is written (`workbench/tokens.py`).
     trajectories: Optional[Any] = None
+    # ok / incomplete / failed of the new rollouts (`rollouts/outcome.py`), counted as they are written.
+    outcomes: OutcomeCounts = field(default_factory=OutcomeCounts)
 
 
 async def _collect(
@@ -1403,7 +1422,11 @@ def read_outcome(
 
 def record_result(result: RolloutResult, out: Any, fails: Any, tally: Any) -> None:
     """Append a finished row to the output, or its failure record to the failures file (flushed at once, so
-    nothing collected is lost on a crash), and count it in `tally` (`succeeded`, `failed`, `failure_types`)."""
+    nothing collected is lost on a crash), and count it in `tally` (`succeeded`, `failed`, `failure_types`, and
+    `outcomes` when it has one: ok / incomplete / failed)."""
+    counts = getattr(tally, "outcomes", None)
+    if counts is not None:
+        counts.add(result.outcome)
     if result.ok:
         out.write(orjson.dumps(result.result, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         out.flush()
@@ -1612,7 +1635,7 @@ def run_from_config(
     if profile:
         from nemo_gym.rollouts.reward_profile import profile_collection
 
-        profile_collection(paths, pass_threshold=config.pass_threshold)
+        profile_collection(paths, pass_threshold=config.pass_threshold, describe=False)  # _print_outcome says it
 
     _print_outcome(outcome)
     return 1 if outcome.failed or outcome.not_retried else 0
@@ -1720,6 +1743,10 @@ def _print_outcome(outcome: CollectionOutcome) -> None:
     if outcome.mean_reward is not None:
         parts.append(f"mean reward of new rollouts {outcome.mean_reward:.4f}")
     print("Collected " + "; ".join(parts) + ".")
+    counts = outcome.outcomes
+    print(counts.describe("new rollout" if outcome.cached else "rollout") + ".")
+    if counts.incomplete:
+        print(INCOMPLETE_NOTE)
     print(f"Materialized inputs: {paths.materialized_inputs}")
     if paths.reward_profiling.exists():
         print(f"Reward profiling:    {paths.reward_profiling}")

@@ -6,7 +6,14 @@ Files (NeMo Gym v0.2 names and keys, section 5.5 of the reference):
   `median/F` and `std/F` for every numeric field F of its rollouts, and `sample` (the task's materialized input
   row without `_ng_task_index` / `_ng_rollout_index`). We add `_ng_task_index` and `num_rollouts`.
 - `<rollouts stem>_agent_metrics.json`: a JSON array, one object per agent: the same statistics over all of the
-  agent's rollouts, `agent_ref: {"name": ...}`, plus `num_tasks` and `num_rollouts`.
+  agent's rollouts, `agent_ref: {"name": ...}`, plus `num_tasks` and `num_rollouts`, and the outcome counts
+  (`nemo_gym.rollouts.outcome`) `num_ok`, `num_incomplete` and `num_failed`.
+
+Outcomes: `num_rollouts` counts the rollouts of the file (ok and incomplete ones: both were verified and have a
+reward, so both are in the statistics). `num_failed` adds the rollouts of `<rollouts stem>_failures.jsonl` (read when
+it exists; one per (task, rollout) however many attempt lines it has; the agent each line names) to any rollout of
+the file whose response failed. An agent whose rollouts all failed has no statistics and no entry in the file; the
+printed table shows its counts.
 
 Numeric fields of a rollout: its top-level numbers, with the keys of `response.usage` merged in (`input_tokens`,
 `output_tokens`, `total_tokens`); bools count as 0/1; nested values (dicts, lists) and the two index keys are
@@ -31,7 +38,8 @@ in a private temporary SQLite table clustered by task (a 2 MB page cache; delete
 written when its first row is reached (a read of the table in task order alongside). Per-agent statistics come
 from per-agent counts of each distinct value (dicts, flushed to SQLite past 16k distinct values): the median is
 read off the sorted counts and the mean and std stream through `statistics.fmean` / `statistics.stdev`, so every
-number is the one a list of all values would give. (One difference: a -0.0 and a 0.0 of one agent's field count
+number is the one a list of all values would give. The outcome counts take a 4-byte count per task and outcome
+(`_TaskOutcomes`), and the failed rollouts' (task, rollout) keys a set. (One difference: a -0.0 and a 0.0 of one agent's field count
 as one value, so the sign of a zero agent-level min/max/median may differ from the first rollout's.)
 
 `RewardProfiler` computes the same statistics for rollouts already in memory (NeMo Gym v0.5's
@@ -56,6 +64,19 @@ from pydantic import Field
 
 from nemo_gym.config.types import BaseNeMoGymCLIConfig
 from nemo_gym.rollouts.jsonl import iter_jsonl_objects
+from nemo_gym.rollouts.outcome import (
+    FAILED,
+    INCOMPLETE,
+    INCOMPLETE_NOTE,
+    OK,
+    OUTCOMES,
+    OutcomeCounts,
+    failure_agent,
+    failure_key,
+    failure_outcome,
+    failures_path_for,
+    rollout_outcome,
+)
 from nemo_gym.rollouts.row_keys import scratch_db
 
 __all__ = [
@@ -442,12 +463,38 @@ class RewardProfiler:
         return stat_keys({name: summary_stats(vals) for name, vals in values.items()})
 
 
+class _TaskOutcomes:
+    """ok / incomplete / failed rollouts per task: a 4-byte count per task and outcome (arrays indexed by task, 12 MB
+    for 1M tasks), a dict for task indices too large or negative for an array."""
+
+    _MAX_INDEX = 1 << 26
+
+    def __init__(self) -> None:
+        self._arrays = {kind: array("I") for kind in OUTCOMES}
+        self._other: dict[tuple[int, str], int] = {}
+
+    def add(self, task: int, kind: str) -> None:
+        if not 0 <= task < self._MAX_INDEX:
+            self._other[(task, kind)] = self._other.get((task, kind), 0) + 1
+            return
+        counts = self._arrays[kind]
+        if task >= len(counts):
+            counts.extend(repeat(0, task + 1 - len(counts)))
+        counts[task] += 1
+
+    def get(self, task: int) -> dict[str, int]:
+        if not 0 <= task < self._MAX_INDEX:
+            return {kind: self._other.get((task, kind), 0) for kind in OUTCOMES}
+        return {kind: counts[task] if task < len(counts) else 0 for kind, counts in self._arrays.items()}
+
+
 @dataclass
 class _AgentAccumulator:
     index: int
     counts: dict[str, int] = field(default_factory=dict)  # field -> number of values, in order of appearance
     num_tasks: int = 0
     num_rollouts: int = 0
+    outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     pass_sums: dict[int, list[float]] = field(default_factory=dict)  # k -> [sum of pass@k, sum of mean@k, n]
 
     def add(
@@ -482,6 +529,11 @@ class ProfileSummary:
     unreadable_lines: int = 0
     reward_profiling_path: Optional[Path] = None
     agent_metrics_path: Optional[Path] = None
+    # ok / incomplete / failed over the whole file and its failures sidecar, with the reasons.
+    outcomes: OutcomeCounts = field(default_factory=OutcomeCounts)
+    # Per agent (its name, None for rows without one): ok / incomplete / failed; agents whose rollouts all failed
+    # are here and not in `agent_metrics`.
+    agent_outcomes: dict[Optional[str], dict[str, int]] = field(default_factory=dict)
 
 
 def _profile_core(
@@ -492,11 +544,14 @@ def _profile_core(
     write_task_line: Callable[[dict], None],
     summary: ProfileSummary,
     spill_after: int = DEFAULT_SPILL_AFTER,
+    failures: Iterable[Mapping[str, Any]] = (),
 ) -> None:
     store = _TaskRollouts(spill_after)
     values = _ValueCounts(spill_after)
     try:
-        _profile_stores(materialized_rows, rollouts, pass_threshold, write_task_line, summary, store, values)
+        _profile_stores(
+            materialized_rows, rollouts, pass_threshold, write_task_line, summary, store, values, failures
+        )
     finally:
         store.close()
         values.close()
@@ -510,14 +565,24 @@ def _profile_stores(
     summary: ProfileSummary,
     store: _TaskRollouts,
     values: _ValueCounts,
+    failures: Iterable[Mapping[str, Any]] = (),
 ) -> None:
-    # 1. Rollouts -> their numeric fields, grouped by task.
+    # 1. Rollouts -> their numeric fields, grouped by task, and their outcomes; then the failures sidecar's.
+    outcomes = _TaskOutcomes()
+    failed_keys: set[tuple[int, int]] = set()  # a failed rollout is counted once, here or in the sidecar
     for rollout in rollouts:
         task = rollout.get(TASK_INDEX_KEY_NAME)
         if not isinstance(task, int) or isinstance(task, bool):
             summary.unreadable_lines += 1
             continue
         store.add(task, rollout_numeric_fields(rollout))
+        outcome = rollout_outcome(rollout)
+        summary.outcomes.add(outcome)
+        outcomes.add(task, outcome.kind)
+        if outcome.kind == FAILED and failure_key(rollout) is not None:
+            failed_keys.add(failure_key(rollout))
+    failed_by_agent = _count_failures(failures, summary, failed_keys)
+    summary.agent_outcomes = {agent: {**dict.fromkeys(OUTCOMES, 0), FAILED: k} for agent, k in failed_by_agent.items()}
     n = store.count
     summary.num_rollouts = n
     if n == 0:
@@ -580,6 +645,8 @@ def _profile_stores(
         if acc is None:
             acc = agents[agent] = _AgentAccumulator(len(agents))
         acc.add(field_values, len(rows), pass_mean, values, store.field_ids)
+        for kind, count in outcomes.get(task).items():
+            acc.outcomes[kind] += count
     summary.unmatched_rollouts = n - matched
 
     # 4. Per-agent metrics (the std rule again, across agents).
@@ -589,6 +656,8 @@ def _profile_stores(
         stats = {name: counted_stats(values.sorted_counts((acc.index, store.field_ids[name]))) for name in acc.counts}
         agent_std_defined.update(name for name, s in stats.items() if not math.isnan(s["std"]))
         metrics = {"agent_ref": {"name": agent}, "num_tasks": acc.num_tasks, "num_rollouts": acc.num_rollouts}
+        acc.outcomes[FAILED] += failed_by_agent.get(agent, 0)
+        metrics.update({f"num_{kind}": acc.outcomes[kind] for kind in OUTCOMES})
         metrics.update(stat_keys(stats))
         for k in sorted(acc.pass_sums):
             metrics[f"pass@{k}"] = acc.pass_sums[k][0] / acc.pass_sums[k][2]
@@ -598,6 +667,26 @@ def _profile_stores(
     all_fields = set().union(*(acc.counts.keys() for acc in agents.values())) if agents else set()
     agent_std_zero = all_fields - agent_std_defined
     summary.agent_metrics = [_drop_undefined(m, agent_std_zero) for m in raw]
+    summary.agent_outcomes.update({agent: dict(acc.outcomes) for agent, acc in agents.items()})
+
+
+def _count_failures(
+    failures: Iterable[Mapping[str, Any]], summary: ProfileSummary, seen: set[tuple[int, int]]
+) -> dict[Optional[str], int]:
+    """Count the failures sidecar's rollouts into `summary.outcomes`, once per (task, rollout) however many attempt
+    lines it has (the first line's error type) and not again when `seen` (counted already); returns them per agent
+    (the one each line names)."""
+    by_agent: dict[Optional[str], int] = {}
+    for record in failures:
+        key = failure_key(record)
+        if key is not None:
+            if key in seen:
+                continue
+            seen.add(key)
+        summary.outcomes.add(failure_outcome(record))
+        agent = failure_agent(record)
+        by_agent[agent] = by_agent.get(agent, 0) + 1
+    return by_agent
 
 
 class _TaskSet:
@@ -627,9 +716,11 @@ def compute_profile(
     *,
     pass_threshold: float = 1.0,
     spill_after: int = DEFAULT_SPILL_AFTER,
+    failures: Iterable[Mapping[str, Any]] = (),
 ) -> tuple[list[dict], list[dict]]:
-    """(per-task lines, per-agent metrics) for materialized input rows and rollout rows, as lists. `spill_after`:
-    rollouts kept in memory before they move to a temporary SQLite file (see the module's Memory note)."""
+    """(per-task lines, per-agent metrics) for materialized input rows and rollout rows (and the lines of a failures
+    sidecar, for `num_failed`), as lists. `spill_after`: rollouts kept in memory before they move to a temporary
+    SQLite file (see the module's Memory note)."""
     lines: list[dict] = []
     summary = ProfileSummary()
     _profile_core(
@@ -639,6 +730,7 @@ def compute_profile(
         write_task_line=lines.append,
         summary=summary,
         spill_after=spill_after,
+        failures=failures,
     )
     return lines, summary.agent_metrics
 
@@ -655,10 +747,13 @@ def profile_rollouts(
     reward_profiling_path: Optional[Path] = None,
     agent_metrics_path: Optional[Path] = None,
     spill_after: int = DEFAULT_SPILL_AFTER,
+    failures_path: Optional[Path] = None,
 ) -> ProfileSummary:
-    """Profile files: write `<rollouts stem>_reward_profiling.jsonl` and `<rollouts stem>_agent_metrics.json`."""
+    """Profile files: write `<rollouts stem>_reward_profiling.jsonl` and `<rollouts stem>_agent_metrics.json`. The
+    failed rollouts are read from `failures_path` (default `<rollouts stem>_failures.jsonl`) when it exists."""
     materialized_inputs_path = Path(materialized_inputs_path)
     rollouts_path = Path(rollouts_path)
+    failures_path = Path(failures_path or failures_path_for(rollouts_path))
     reward_profiling_path = Path(reward_profiling_path or _default_path(rollouts_path, "_reward_profiling", ".jsonl"))
     agent_metrics_path = Path(agent_metrics_path or _default_path(rollouts_path, "_agent_metrics", ".json"))
     summary = ProfileSummary(reward_profiling_path=reward_profiling_path, agent_metrics_path=agent_metrics_path)
@@ -684,6 +779,7 @@ def profile_rollouts(
             write_task_line=write,
             summary=summary,
             spill_after=spill_after,
+            failures=iter_jsonl_objects(failures_path, bad, bad_at) if failures_path.is_file() else (),
         )
     agent_metrics_path.write_bytes(orjson.dumps(summary.agent_metrics, option=orjson.OPT_INDENT_2) + b"\n")
     if summary.unreadable_lines:
@@ -699,18 +795,20 @@ def profile_rollouts(
     return summary
 
 
-def profile_collection(paths: Any, *, pass_threshold: float = 1.0) -> ProfileSummary:
+def profile_collection(paths: Any, *, pass_threshold: float = 1.0, describe: bool = True) -> ProfileSummary:
     """The profile a collection ends with (`ng_collect_rollouts`, and `ng merge` for merged shards): profile
-    `paths.output` against `paths.materialized_inputs` into `paths.reward_profiling` and `paths.agent_metrics` (a
-    `collection.CollectionPaths`) and print the table."""
+    `paths.output` (and `paths.failures`) against `paths.materialized_inputs` into `paths.reward_profiling` and
+    `paths.agent_metrics` (a `collection.CollectionPaths`) and print the table (`describe`: and the outcome
+    sentence under it; the collector prints its own)."""
     summary = profile_rollouts(
         paths.materialized_inputs,
         paths.output,
         pass_threshold=pass_threshold,
         reward_profiling_path=paths.reward_profiling,
         agent_metrics_path=paths.agent_metrics,
+        failures_path=paths.failures,
     )
-    print_profile_table(summary)
+    print_profile_table(summary, describe=describe)
     return summary
 
 
@@ -726,8 +824,9 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def print_profile_table(summary: ProfileSummary, console: Any = None) -> None:
-    """A short per-agent table: tasks, rollouts, mean/median/std reward, pass@1 and pass@k, mean tokens."""
+def print_profile_table(summary: ProfileSummary, console: Any = None, *, describe: bool = True) -> None:
+    """A short per-agent table: tasks, rollouts, the outcome counts (ok / incomplete / failed), mean/median/std
+    reward, pass@1 and pass@k, mean tokens; with `describe`, the outcome sentence under it (`OutcomeCounts`)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -735,9 +834,12 @@ def print_profile_table(summary: ProfileSummary, console: Any = None) -> None:
         console = Console()
         if not console.is_terminal:  # logs and pipes: do not squeeze the table into 80 columns
             console = Console(width=160)
+    if not summary.agent_metrics and not summary.agent_outcomes:
+        console.print("Reward profile: no rollouts to profile.")
+        return
     table = Table(title="Reward profile", title_justify="left")
     k = summary.max_rollouts_per_task
-    headers = ["agent", "tasks", "rollouts", "mean reward", "median", "std"]
+    headers = ["agent", "tasks", "rollouts", OK, INCOMPLETE, FAILED, "mean reward", "median", "std"]
     if k >= 2:
         headers += ["pass@1", f"pass@{k}"]
     has_tokens = any("mean/total_tokens" in m for m in summary.agent_metrics)
@@ -745,11 +847,16 @@ def print_profile_table(summary: ProfileSummary, console: Any = None) -> None:
         headers.append("mean tokens")
     for i, h in enumerate(headers):
         table.add_column(h, justify="left" if i == 0 else "right")
+    profiled = set()
     for m in summary.agent_metrics:
+        name = m["agent_ref"]["name"]
+        profiled.add(name)
+        counts = summary.agent_outcomes.get(name) or {kind: m.get(f"num_{kind}") for kind in OUTCOMES}
         cells = [
-            str(m["agent_ref"]["name"]),
+            str(name),
             str(m["num_tasks"]),
             str(m["num_rollouts"]),
+            *(_fmt(counts.get(kind)) for kind in OUTCOMES),
             _fmt(m.get(f"mean/{REWARD_KEY}")),
             _fmt(m.get(f"median/{REWARD_KEY}")),
             _fmt(m.get(f"std/{REWARD_KEY}")),
@@ -759,8 +866,12 @@ def print_profile_table(summary: ProfileSummary, console: Any = None) -> None:
         if has_tokens:
             cells.append(_fmt(m.get("mean/total_tokens")))
         table.add_row(*cells)
-    if not summary.agent_metrics:
-        console.print("Reward profile: no rollouts to profile.")
-        return
+    for name, counts in summary.agent_outcomes.items():  # agents whose rollouts all failed: counts, no statistics
+        if name not in profiled:
+            cells = [str(name), "0", "0", *(_fmt(counts.get(kind)) for kind in OUTCOMES)]
+            table.add_row(*cells, *["-"] * (len(headers) - len(cells)))
     console.print(table)
-
+    if describe:
+        console.print(summary.outcomes.describe() + ".", highlight=False)
+        if summary.outcomes.incomplete:
+            console.print(INCOMPLETE_NOTE, highlight=False)

@@ -20,9 +20,15 @@
 `reward_components` instead of `reward`, and exports that value as the row's reward.
 
 Every rollout that is not exported is counted under a reason (`DROP_REASONS`), printed at the end with the first
-example of each. sft and tokens stream (one row in memory at a time); dpo and best-of-k group the repeats of each
-task in a temporary SQLite file (`nemo_gym.workbench.task_groups`), so memory holds one task at a time. Damaged
-lines of the inputs (bad JSON, a torn last line) are skipped and counted, as everywhere rollout files are read.
+example of each; the incomplete and failed ones are also counted in the words every tool uses for rollout outcomes
+(`nemo_gym.rollouts.outcome`: "dropped 3 rollout(s): 2 incomplete (max_output_tokens), 1 failed (HTTPError), ...").
+sft and tokens stream (one row in memory at a time); dpo and best-of-k group the repeats of each task in a
+temporary SQLite file (`nemo_gym.workbench.task_groups`), so memory holds one task at a time.
+
+Bad lines of the inputs (not JSON objects: bad JSON, a torn last line) follow the policy of every rollouts command
+(`nemo_gym.rollouts.jsonl`): refused by default (exit 2, nothing written), skipped and listed with
+`skip_bad_lines=true` (`--skip-bad-lines`). The output is written to a temporary name and renamed at the end; an
+export that keeps no row writes no file.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ from pydantic import Field
 from nemo_gym.config.types import BaseNeMoGymCLIConfig
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.rollouts.collection import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
-from nemo_gym.rollouts.jsonl import iter_jsonl_objects
+from nemo_gym.rollouts.outcome import FAILED, INCOMPLETE, OutcomeCounts, line_outcome
+from nemo_gym.rollouts.jsonl import SKIP_BAD_LINES_HELP, BadLines, read_rows
 from nemo_gym.workbench.conversation import (
     ChatOptions,
     Unusable,
@@ -59,13 +66,12 @@ KINDS = ("sft", "dpo", "tokens")
 
 # Why a rollout was not exported: the key it is counted under and what it means.
 DROP_REASONS = {
-    "bad_json_line": "a line that is not a JSON object (bad JSON, a torn last line)",
-    "failed_rollout": "a failed rollout: a line of a _failures.jsonl file, or a result that declares a failure "
-    "(`_ng_failure_class`, `_ng_no_persist`)",
+    "failed_rollout": "failed: a line of a _failures.jsonl file, a result that declares a failure "
+    "(`_ng_failure_class`, `_ng_no_persist`), or a response whose status is failed / cancelled or has an error",
     "no_response": "no `response.output` (not a rollout line)",
     "no_prompt": "no `responses_create_params`",
-    "incomplete_response": "the response stopped early (status incomplete, e.g. max_output_tokens); "
-    "+include_incomplete=true keeps it",
+    "incomplete_response": "incomplete: the response stopped early (status incomplete, e.g. max_output_tokens); "
+    "it was verified, --include-incomplete keeps it",
     "no_reward": "no numeric `reward`, which the reward threshold or the ranking needs",
     "below_min_reward": "reward below min_reward",
     "not_best_of_k": "not among the best_per_task best rollouts of its task",
@@ -87,7 +93,9 @@ class ExportConfig(BaseNeMoGymCLIConfig):
     """Export rollouts as training data: `sft` (chat `messages` of rollouts with reward >= min_reward), `dpo` (TRL
     preference pairs `prompt` / `chosen` / `rejected` from the repeats of each task) or `tokens` (token ids, log
     probs and loss mask captured by the model server). The output format follows the suffix: .jsonl or .parquet.
-    Prints how many rows were kept and, per reason, how many rollouts were dropped; exits 1 when nothing was kept.
+    Prints how many rows were kept and, per reason, how many rollouts were dropped; exits 1 (and writes no file)
+    when nothing was kept. A line of the input that is not a JSON object refuses the export (exit 2) unless
+    --skip-bad-lines.
     Example: ng export sft results/rollouts.jsonl -o sft.parquet --min-reward 1"""
 
     kind: Literal["sft", "dpo", "tokens"] = Field(description="What to export: sft, dpo or tokens.")
@@ -128,6 +136,7 @@ class ExportConfig(BaseNeMoGymCLIConfig):
         "Default false: keep them, marked token_trajectory=retokenized in their row (exact ones say exact), and "
         "count them in the summary.",
     )
+    skip_bad_lines: bool = Field(default=False, description=SKIP_BAD_LINES_HELP)
 
     def input_paths(self) -> list[Path]:
         names = [self.input_jsonl_fpath] if isinstance(self.input_jsonl_fpath, str) else list(self.input_jsonl_fpath)
@@ -150,9 +159,16 @@ class ExportReport:
     examples: dict[str, str] = field(default_factory=dict)
     trajectories: Optional[TrajectoryCounts] = None  # tokens: the drift check of every rollout classified
     drop_retokenized: bool = False
+    outcomes: OutcomeCounts = field(default_factory=OutcomeCounts)  # the dropped incomplete and failed rollouts
+    bad_lines: BadLines = field(default_factory=BadLines)  # lines of the inputs that are not JSON objects
+    written: bool = False  # the output file was written (not when no row was kept)
 
-    def drop(self, reason: str, detail: str = "", count: int = 1) -> None:
+    def drop(
+        self, reason: str, detail: str = "", count: int = 1, rollout: Optional[Mapping[str, Any]] = None
+    ) -> None:
         self.dropped[reason] += count
+        if rollout is not None and reason in _OUTCOME_DROPS:  # counted in the outcome words too
+            self.outcomes.add(line_outcome(rollout), count)
         if detail and reason not in self.examples:
             self.examples[reason] = detail
 
@@ -163,10 +179,13 @@ class ExportReport:
     def lines(self) -> list[str]:
         unit = self.unit + ("" if self.kept == 1 else "s")
         files = f"{self.files} file" + ("" if self.files == 1 else "s")
-        head = f"ng export {self.kind}: read {self.read} line(s) from {files}; kept {self.kept} {unit}"
+        head = f"ng export {self.kind}: read {self.read} line(s) from {files}"
+        if self.bad_lines.count:
+            head += f" ({self.bad_lines.summary()})"
+        head += f"; kept {self.kept} {unit}"
         if self.kind == "dpo":
             head += f" (from {self.paired_rollouts} rollouts)"
-        out = [f"{head} -> {self.output}"]
+        out = [f"{head} -> {self.output}" if self.written else f"{head}; no file written"]
         if self.trajectories is not None:
             counts = self.trajectories
             fate = "dropped" if self.drop_retokenized else f"kept, marked {TRAJECTORY_FLAG}={RETOKENIZED}"
@@ -175,7 +194,8 @@ class ExportReport:
                 out.append(f"  first re-tokenized: {counts.examples[RETOKENIZED]}")
         total = sum(self.dropped.values())
         if total:
-            out.append(f"dropped {total} rollout(s):")
+            other = total - self.outcomes.incomplete - self.outcomes.failed
+            out.append(f"dropped {total} rollout(s): {self.outcomes.not_ok()}, {other} for other reasons:")
             width = max(len(reason) for reason in self.dropped)
             for reason, count in self.dropped.most_common():
                 out.append(f"  {count:>8}  {reason:<{width}}  {DROP_REASONS.get(reason, '')}")
@@ -207,15 +227,18 @@ def _no_reward(rollout: Mapping[str, Any], component: Optional[str]) -> Unusable
     return Unusable("no_reward", f"reward_components has no number `{component}` (it has: {', '.join(names) or 'none'})")
 
 
-def _check_complete(rollout: Mapping[str, Any], config: ExportConfig) -> None:
+_OUTCOME_DROPS = ("incomplete_response", "failed_rollout")  # drop reasons that are outcomes (`rollouts/outcome.py`)
+
+
+def _check_complete(rollout: Mapping[str, Any], config: ExportConfig, keep_incomplete: bool = False) -> None:
+    """Refuse a failed rollout, and an incomplete one unless it is kept (`include_incomplete`, or `keep_incomplete`
+    for `tokens`), as `nemo_gym.rollouts.outcome` tells them."""
     response_output(rollout)  # failed rollouts and rows without a response
-    if config.include_incomplete:
-        return
-    response = rollout["response"]
-    details = response.get("incomplete_details")
-    if response.get("status") == "incomplete" or details:
-        reason = details.get("reason") if isinstance(details, Mapping) else None
-        raise Unusable("incomplete_response", f"incomplete ({reason or 'no reason given'})")
+    outcome = line_outcome(rollout)
+    if outcome.kind == FAILED:
+        raise Unusable("failed_rollout", f"failed ({outcome.reason})")
+    if outcome.kind == INCOMPLETE and not (config.include_incomplete or keep_incomplete):
+        raise Unusable("incomplete_response", f"incomplete ({outcome.reason or 'no reason given'})")
 
 
 def _rated(rollout: Mapping[str, Any], config: ExportConfig, needs_reward: bool) -> Optional[float]:
@@ -259,7 +282,7 @@ def _export_sft(config: ExportConfig, rollouts: Iterable[dict], writer: RowWrite
                 row = {"messages": full_conversation(rollout, options), "tools": chat_tools(rollout), "reward": reward,
                        **_meta(rollout)}
             except Unusable as exc:
-                report.drop(exc.reason, exc.detail)
+                report.drop(exc.reason, exc.detail, rollout=rollout)
                 continue
             if groups is None:
                 writer.write(row)
@@ -313,7 +336,7 @@ def _export_dpo(config: ExportConfig, rollouts: Iterable[dict], writer: RowWrite
                 shared = {"prompt": prompt_messages(rollout, options), "tools": chat_tools(rollout)}
                 completion = completion_messages(rollout, options)
             except Unusable as exc:
-                report.drop(exc.reason, exc.detail)
+                report.drop(exc.reason, exc.detail, rollout=rollout)
                 continue
             meta = _meta(rollout)
             groups.add(
@@ -367,10 +390,10 @@ def _export_tokens(config: ExportConfig, rollouts: Iterable[dict], writer: RowWr
     report.drop_retokenized = config.drop_retokenized
     for rollout in rollouts:
         try:
-            response_output(rollout)  # failed rollouts first, whatever the reward filter says
+            _check_complete(rollout, config, keep_incomplete=True)  # failed rollouts first, before the reward filter
             reward = _rated(rollout, config, needs_reward=False)
         except Unusable as exc:
-            report.drop(exc.reason, exc.detail)
+            report.drop(exc.reason, exc.detail, rollout=rollout)
             continue
         checked = counts.add(classify_trajectory(rollout))
         if checked.trajectory is None:
@@ -417,21 +440,19 @@ def _check_paths(config: ExportConfig) -> tuple[list[Path], Path]:
 
 
 def _read(paths: list[Path], report: ExportReport) -> Iterator[dict]:
-    def bad_line(where: str) -> None:
+    report.files = len(paths)
+    for line in read_rows(paths, report.bad_lines):
         report.read += 1
-        report.drop("bad_json_line", where)
-
-    for path in paths:
-        report.files += 1
-        for row in iter_jsonl_objects(path, on_bad=lambda: None, on_bad_line=bad_line):
-            report.read += 1
-            yield row
+        yield line.row
 
 
 def export_rollouts(config: ExportConfig) -> ExportReport:
-    """Run one export; the output file appears complete at the end (nothing is left behind on an error)."""
+    """Run one export; the output file appears complete at the end, or not at all: not on an error (bad lines
+    refused: `BadLinesRefused`), not when no row was kept (`report.written` is False). A file already at the output
+    path is replaced only by a complete export."""
     inputs, output = _check_paths(config)
-    report = ExportReport(kind=config.kind, output=output)
+    report = ExportReport(kind=config.kind, output=output, bad_lines=BadLines(skip=config.skip_bad_lines))
     with open_rows(output, config.kind, reasoning_field=config.reasoning == "field") as writer:
         _EXPORTERS[config.kind](config, _read(inputs, report), writer, report)
+    report.written = writer.written
     return report

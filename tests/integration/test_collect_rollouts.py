@@ -226,3 +226,45 @@ def test_killing_the_resources_server_for_good_stops_the_collection_and_resume_c
     assert "Collected 6 / 6 rollouts" in resume.output and "4 from an earlier run, 2 new" in resume.output
     profile = read_jsonl(tmp_path / "out" / "rollouts_reward_profiling.jsonl")
     assert [p[T] for p in profile] == list(range(6))
+
+
+def test_the_terminal_summary_counts_incomplete_rollouts(tmp_path):
+    """Responses cut at max_output_tokens (the fake LLM's `incomplete_details`: `status: incomplete`, Chat's
+    finish_reason `length`) are verified and kept: the collector's summary and the reward profile count them as
+    incomplete, apart from ok and failed, in the words every tool uses (`nemo_gym/rollouts/outcome.py`)."""
+    cut = {"name": "cut", "match": {"last_user_contains": "at length"}, "output": ["Let me explain at length"],
+           "incomplete_details": {"reason": "max_output_tokens"}}  # fmt: skip
+    script = tmp_path / "script.jsonl"
+    script.write_text(json.dumps(cut) + "\n" + SCRIPT.read_text())
+    write_jsonl(
+        tmp_path / "tasks.jsonl",
+        [row("please add 2", 1, 3), row("please add 1", 0, 5), row("please add 1", 2, 3),
+         row("please explain at length", 4, 4), row("please add 2, explaining at length", 0, 2)],
+    )  # fmt: skip
+    port = free_port()
+    backend = subprocess.Popen(
+        [sys.executable, "-m", "nemo_gym.testing.fake_openai_server", "--port", str(port), "--script", str(script)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/health", timeout=60)
+        head_port = free_port()
+        stack = start_stack(f"http://127.0.0.1:{port}/v1", head_port)
+        try:
+            collect = ChildProcess(collect_args(head_port, tmp_path, "+progress_bar=false"), cwd=tmp_path)
+            assert collect.wait(timeout=300) == 0, collect.output  # incomplete is not a failure
+        finally:
+            assert stack.stop(timeout=60) == 0, stack.output
+    finally:
+        backend.terminate()
+        backend.wait(timeout=10)
+
+    assert "5 rollouts: 3 ok, 2 incomplete (max_output_tokens), 0 failed." in collect.output, collect.output
+    assert "they have a reward and are kept in the output" in collect.output
+    rollouts = read_jsonl(tmp_path / "out" / "rollouts.jsonl")
+    cut_short = sorted(r[T] for r in rollouts if r["response"]["status"] == "incomplete")
+    assert len(rollouts) == 5 and cut_short == [3, 4]
+    assert {r[T]: r["reward"] for r in rollouts if r[T] in cut_short} == {3: 1.0, 4: 0.0}  # verified: 4 == 4, 0 != 2
+    (metrics,) = json.loads((tmp_path / "out" / "rollouts_agent_metrics.json").read_text())
+    assert (metrics["num_rollouts"], metrics["num_ok"], metrics["num_incomplete"], metrics["num_failed"]) == (5, 3, 2, 0)

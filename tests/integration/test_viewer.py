@@ -1,9 +1,11 @@
 """`ng view` in a real headless browser: rollouts collected by a real stack (`ng_run` + ng_collect_rollouts, the
 fake LLM behind openai_model), the viewer started as its own process, Debian's chromium driven by selenium.
 Filters the table, opens a rollout and reads its tool call and reward, compares the repeats of a task, draws the
-summary, and sees lines appended to the files (a new rollout, a failure) show up without a reload. A screenshot
-is saved as an artifact (and copied to docs/images/viewer.png with NEMO_GYM_UPDATE_SCREENSHOT=1). The JSON API the
-page reads is also checked over plain HTTP, which needs no browser.
+summary, and sees lines appended to the files (a new rollout, a failure) show up without a reload. On a run with
+ok, incomplete (max_output_tokens) and failed rollouts, at 1400x900: the status column stays in view, the tab
+titles carry the counts of the file, and the outcome words are the collector's; its screenshot is saved as an
+artifact (and copied to docs/images/viewer.png with NEMO_GYM_UPDATE_SCREENSHOT=1). The JSON API the page reads is
+also checked over plain HTTP, which needs no browser.
 
 Without chromium, chromedriver or selenium the browser test is skipped with a reason that starts with
 BROWSER TEST SKIPPED (`.ci/run` looks for it)."""
@@ -67,10 +69,32 @@ def browser_paths() -> tuple[str, str]:
     return chromium, driver
 
 
+# The mixed run: rules put before collect.jsonl's. `times` makes exactly that many calls answer so, whichever
+# repeats they are: a reply cut at max_output_tokens (an incomplete rollout), an HTTP 400 (not retried: with
+# +max_attempts=1 a failed rollout).
+MIXED_RULES = [
+    {"name": "cut-a", "match": {"last_user_contains": "explain-a"}, "times": 2,
+     "output": ["Let me explain at length. First, the counter"], "incomplete_details": {"reason": "max_output_tokens"}},
+    {"name": "cut-b", "match": {"last_user_contains": "explain-b"}, "times": 1,
+     "output": ["To begin with, a counter is"], "incomplete_details": {"reason": "max_output_tokens"}},
+    {"name": "crash-a", "match": {"last_user_contains": "crash-a"}, "times": 1, "status": 400,
+     "error_message": "the backend refused the request"},
+    {"name": "crash-b", "match": {"last_user_contains": "crash-b"}, "times": 1, "status": 400,
+     "error_message": "the backend refused the request"},
+]  # fmt: skip
+MIXED_TASKS = [  # 10 tasks x 4 repeats: 3 incomplete, 2 failed, 35 ok
+    ("please add 2", 1, 3), ("please add 1", 0, 5), ("this one is broken", 5, 5), ("please add 1", 2, 3),
+    ("please add 2 and explain-a at length", 0, 2), ("please add 1, crash-a now and then", 4, 5),
+    ("please add 1", 4, 5), ("please add 2", 0, 3), ("please add 1 and explain-b at length", 0, 1),
+    ("please add 2, crash-b now and then", 1, 3),
+]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def rollouts(tmp_path_factory) -> Path:
-    """A rollouts file written by the real collector: 4 tasks x 2 repeats, two agents, rewards 1 and 0, a tool
-    call in each, one malformed."""
+def collected(tmp_path_factory) -> dict:
+    """Two runs of the real collector on one stack. `plain`: 4 tasks x 2 repeats, two agents, rewards 1 and 0, a
+    tool call in each, one malformed. `mixed`: 10 tasks x 4 repeats with incomplete and failed rollouts
+    (`MIXED_RULES`), and what the collector printed (`mixed_output`)."""
     browser_paths()  # no browser: skip before starting a stack for nothing
     work = tmp_path_factory.mktemp("viewer")
     tasks = [
@@ -80,8 +104,12 @@ def rollouts(tmp_path_factory) -> Path:
         task("please add 1", 2, 3, agent_ref={"type": "responses_api_agents", "name": "other_counter_agent"}),
     ]
     (work / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    output = work / "out" / "rollouts.jsonl"
-    with FakeLLMBackend("--script", str(FIXTURE_STACK / "scripts" / "collect.jsonl")) as backend:
+    (work / "mixed_tasks.jsonl").write_text("".join(json.dumps(task(*t)) + "\n" for t in MIXED_TASKS))
+    script = work / "script.jsonl"
+    rules = (FIXTURE_STACK / "scripts" / "collect.jsonl").read_text()
+    script.write_text("".join(json.dumps(r) + "\n" for r in MIXED_RULES) + rules)
+    output, mixed = work / "out" / "rollouts.jsonl", work / "mixed" / "rollouts.jsonl"
+    with FakeLLMBackend("--script", str(script)) as backend:
         head_port = free_port()
         stack = NgRunStack(
             [
@@ -92,19 +120,30 @@ def rollouts(tmp_path_factory) -> Path:
         )  # fmt: skip
         try:
             stack.wait_for("All 4 / 4 servers ready!", timeout=300)
-            collect = ChildProcess(
-                [
-                    *COLLECT, f"+head_server.port={head_port}", "+agent_name=counter_simple_agent",
-                    f"+input_jsonl_fpath={work / 'tasks.jsonl'}", f"+output_jsonl_fpath={output}", "+num_repeats=2",
-                    "+progress_bar=false",
-                ],
-                cwd=work,
-            )  # fmt: skip
-            assert collect.wait(timeout=300) == 0, collect.output
+
+            def collect(tasks_file: str, out: Path, repeats: int, *extra: str) -> ChildProcess:
+                return ChildProcess(
+                    [
+                        *COLLECT, f"+head_server.port={head_port}", "+agent_name=counter_simple_agent",
+                        f"+input_jsonl_fpath={work / tasks_file}", f"+output_jsonl_fpath={out}",
+                        f"+num_repeats={repeats}", "+progress_bar=false", *extra,
+                    ],
+                    cwd=work,
+                )  # fmt: skip
+
+            plain = collect("tasks.jsonl", output, 2)
+            assert plain.wait(timeout=300) == 0, plain.output
+            run = collect("mixed_tasks.jsonl", mixed, 4, "+max_attempts=1")
+            assert run.wait(timeout=300) == 1, run.output  # some rollouts failed
         finally:
             stack.stop(timeout=60)
     assert len(output.read_text().splitlines()) == 8
-    return output
+    return {"plain": output, "mixed": mixed, "mixed_output": run.output}
+
+
+@pytest.fixture(scope="module")
+def rollouts(collected) -> Path:
+    return collected["plain"]
 
 
 @pytest.fixture
@@ -228,9 +267,16 @@ def test_viewer_in_a_real_browser(rollouts, viewer, browser, tmp_path):
     def table_total() -> str:
         return css("#page-info")[0].get_attribute("data-total") or ""
 
+    def choose(selector: str, value: str) -> None:
+        from selenium.webdriver.support.ui import Select
+
+        Select(css(selector)[0]).select_by_value(value)
+
     browser.get(viewer)
     wait(lambda: len(css("tr.rollout-row")) == 8, "the 8 rollouts")
-    assert "rollouts.jsonl: 8 rollouts" in css("#files")[0].text
+    assert "rollouts.jsonl" in css("#files")[0].text
+    assert css("#outcomes")[0].text == "8 rollouts: 8 ok, 0 incomplete, 0 failed"
+    assert [css(f"#count-{t}")[0].text for t in ("rollouts", "incomplete", "failed")] == ["8", "0", "0"]
 
     # Filter: reward at most 0 -> the two rollouts of "please add 1" with the wrong expected count.
     css("#f-max")[0].send_keys("0")
@@ -284,24 +330,25 @@ def test_viewer_in_a_real_browser(rollouts, viewer, browser, tmp_path):
     ).failure_record()  # fmt: skip
     with open(rollouts.with_name("rollouts_failures.jsonl"), "a") as f:
         f.write(json.dumps(failure) + "\n")
-    wait(lambda: css("#failure-count")[0].text == "1", "the failure count going to 1")
+    wait(lambda: css("#count-failed")[0].text == "1", "the failed count going to 1")
+    assert css("button[data-tab=failures]")[0].text == "Failed 1" and css("button[data-tab=rollouts]")[0].text == "Rollouts 10"
     wait(lambda: css("#charts .chart")[3].find_elements(By.CSS_SELECTOR, "rect"), "the bar of the failure")
     css("button[data-tab=failures]")[0].click()
     wait(lambda: "answered HTTP 503: overloaded" in css("#failures")[0].text, "the failure's message")
     css("button[data-tab=rollouts]")[0].click()
     css("#f-clear")[0].click()
     wait(lambda: table_total() == "10", "9 rollouts and 1 failure in the table")
-    css("#f-failed")[0].click()
+    choose("#f-status", "failed")
     wait(lambda: table_total() == "1", "only the failed row")
     css("tr.rollout-row")[0].click()
     wait(lambda: "HTTPError" in css("#detail")[0].text, "the failed row's error")
 
     # Sorted by reward, a rollout with its tool call open: the screenshot.
-    css("#f-failed")[0].click()
+    choose("#f-status", "")
     wait(lambda: table_total() == "10", "all rows again")
     css("th[data-key=reward]")[0].click()
     wait(lambda: css("th[data-key=reward]")[0].get_attribute("class").count("desc"), "the reward sort")
-    wait(lambda: css("tr.rollout-row")[0].find_elements(By.CSS_SELECTOR, "td")[3].text == "1", "the best rows first")
+    wait(lambda: css("tr.rollout-row")[0].find_elements(By.CSS_SELECTOR, "td")[4].text == "1", "the best rows first")
     target = next(r for r in css("tr.rollout-row") if "please add 2" in r.text)
     target.click()
     wait(lambda: css("#detail .tool-output") and "please add 2" in css("#detail")[0].text, "the rollout")
@@ -318,10 +365,6 @@ def test_viewer_in_a_real_browser(rollouts, viewer, browser, tmp_path):
     shot = tmp_path / "viewer.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
     print(f"viewer screenshot: {shot}")
-    if os.environ.get("NEMO_GYM_UPDATE_SCREENSHOT") == "1":
-        target = REPO_ROOT / "docs" / "images" / "viewer.png"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(shot, target)
 
 
 @contextlib.contextmanager
@@ -407,7 +450,7 @@ def test_token_trajectory_column_and_counts_in_a_real_browser(browser, tmp_path)
 
     with viewing(browser, path, tmp_path) as (css, wait):
         wait(lambda: len(css("tr.rollout-row .traj")) == 3, "a trajectory badge on each of the 3 rollouts")
-        badges = {r.find_elements(By.CSS_SELECTOR, "td")[0].text: r.find_element(By.CSS_SELECTOR, ".traj").text
+        badges = {r.find_elements(By.CSS_SELECTOR, "td")[1].text: r.find_element(By.CSS_SELECTOR, ".traj").text
                   for r in css("tr.rollout-row")}  # fmt: skip
         assert badges == {"0": "exact", "1": "re-tokenized", "2": "unusable: tokens_not_contiguous"}, badges
         css('#tabs button[data-tab="summary"]')[0].click()
@@ -422,3 +465,98 @@ def test_token_trajectory_column_and_counts_in_a_real_browser(browser, tmp_path)
         wait(lambda: css("#detail .rollout-head .traj"), "the badge in the rollout's detail")
         assert css("#detail .rollout-head .traj")[0].text == "unusable: tokens_not_contiguous"
         browser.save_screenshot(str(tmp_path / "viewer_trajectory_rows.png"))
+
+
+def test_at_1400x900_the_status_stays_in_view_and_the_tabs_count_the_outcomes(collected, browser, tmp_path):
+    """A run with ok, incomplete (max_output_tokens) and failed rollouts, in a 1400x900 window: the status column
+    is inside the viewport and the table pane (the columns fit; in a narrower window the pane scrolls sideways and
+    the status column stays in view), the tab titles carry the counts of the files, the header says what the
+    collector said, and incomplete rollouts are amber, not red. The screenshot is docs/images/viewer.png."""
+    mixed = collected["mixed"]
+    rows = [json.loads(line) for line in mixed.read_text().splitlines()]
+    failures = [json.loads(line) for line in mixed.with_name("rollouts_failures.jsonl").read_text().splitlines()]
+    # The counts of the files, read here without nemo_gym's classification.
+    incomplete = [r for r in rows if r["response"].get("status") == "incomplete"]
+    failed = {(f["_ng_task_index"], f["_ng_rollout_index"]) for f in failures}
+    ok = len(rows) - len(incomplete)
+    assert (ok, len(incomplete), len(failed)) == (35, 3, 2)
+    assert all(r["response"]["incomplete_details"] == {"reason": "max_output_tokens"} for r in incomplete)
+    assert all(isinstance(r["reward"], float) for r in incomplete)  # verified, kept in the output
+    (error_type,) = {f["error_type"] for f in failures}
+    sentence = f"40 rollouts: 35 ok, 3 incomplete (max_output_tokens), 2 failed ({error_type})"
+    assert sentence + "." in collected["mixed_output"], collected["mixed_output"]  # the collector's summary
+
+    def viewport(width: int, height: int) -> None:  # the page's size exactly (a window's size includes its frame)
+        browser.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}
+        )
+
+    viewport(1400, 900)
+    with viewing(browser, mixed, tmp_path) as (css, wait):
+        assert browser.execute_script("return [window.innerWidth, window.innerHeight]") == [1400, 900]
+        wait(lambda: len(css("tr.rollout-row")) == 40, "the 38 rollouts and the 2 failure lines")
+        wait(lambda: css("#outcomes")[0].text == sentence, f"the header saying {sentence!r}")
+        titles = {b.get_attribute("data-tab"): b.text for b in css("#tabs button") if b.is_displayed()}
+        assert titles == {"rollouts": "Rollouts 40", "summary": "Summary", "incomplete": "Incomplete 3",
+                          "failures": "Failed 2"}, titles  # fmt: skip
+
+        def status_cells() -> list[dict]:
+            return browser.execute_script(
+                """const pane = document.querySelector('.table-pane'), p = pane.getBoundingClientRect();
+                return [...document.querySelectorAll('tr.rollout-row td.status')].map((td) => {
+                  const r = td.getBoundingClientRect();
+                  return {left: r.left, right: r.right, paneLeft: p.left, paneRight: p.left + pane.clientWidth,
+                          inner: window.innerWidth, status: td.dataset.status, color: getComputedStyle(td).color,
+                          fits: pane.scrollWidth <= pane.clientWidth};
+                });"""
+            )
+
+        cells = status_cells()
+        assert sorted({c["status"] for c in cells}) == ["failed", "incomplete", "ok"]
+        for c in cells:
+            assert c["paneLeft"] <= c["left"] and c["right"] <= c["paneRight"] <= c["inner"], c
+        assert all(c["fits"] for c in cells), "the columns do not fit the table pane at 1400 px"
+        colors = {c["status"]: c["color"] for c in cells}
+        assert colors["incomplete"] == "rgb(183, 121, 31)" and colors["failed"] == "rgb(192, 57, 43)", colors
+
+        # Narrower than the columns: the pane scrolls sideways, the status column stays in it.
+        viewport(900, 900)
+        browser.execute_script("const p = document.querySelector('.table-pane'); p.scrollLeft = p.scrollWidth;")
+        narrow = status_cells()
+        assert not narrow[0]["fits"] and browser.execute_script("return document.querySelector('.table-pane').scrollLeft") > 0
+        for c in narrow:
+            assert c["paneLeft"] <= c["left"] + 1 and c["right"] <= c["paneRight"], c
+        viewport(1400, 900)
+
+        css('#tabs button[data-tab="incomplete"]')[0].click()
+        wait(lambda: len(css("#incomplete tbody tr")) == 3, "the 3 incomplete rollouts")
+        assert all("max_output_tokens" in r.text for r in css("#incomplete tbody tr"))
+        assert "count warn" == css("#count-incomplete")[0].get_attribute("class")
+        css('#tabs button[data-tab="failures"]')[0].click()
+        wait(lambda: len(css("#failures tbody tr")) == 2, "the 2 failed rollouts")
+        assert all(error_type in r.text for r in css("#failures tbody tr"))
+
+        # The screenshot: sorted by status (failed, incomplete, ok), an incomplete rollout open.
+        css('#tabs button[data-tab="rollouts"]')[0].click()
+        css("th[data-key=status]")[0].click()
+
+        def statuses() -> list[str]:  # read in the page: the table may be re-rendered meanwhile
+            return browser.execute_script(
+                "return [...document.querySelectorAll('tr.rollout-row td.status')].map((td) => td.dataset.status)"
+            )
+
+        wait(lambda: statuses()[:3] == ["failed", "failed", "incomplete"], "failed rows first, then incomplete")
+        browser.execute_script(f"document.querySelectorAll('tr.rollout-row')[{statuses().index('incomplete')}].click()")
+        wait(lambda: css("#detail .warn-box"), "the incomplete rollout's note")
+        assert "incomplete: max_output_tokens" in css("#detail .warn-box")[0].text and not css("#detail .error-box")
+        shot = tmp_path / "viewer.png"
+        assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+        print(f"viewer screenshot: {shot}")
+        if os.environ.get("NEMO_GYM_UPDATE_SCREENSHOT") == "1":
+            target = REPO_ROOT / "docs" / "images" / "viewer.png"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(shot, target)
+
+        css("#detail .task-button")[0].click()
+        wait(lambda: len(css("#repeats .repeat")) == 4, "the 4 repeats of the task")
+        assert css("#task-tab")[0].text == "Repeats 4"

@@ -181,7 +181,6 @@ def test_sft_keeps_rewards_at_the_threshold_and_counts_every_dropped_line(tmp_pa
         good,
         rollout(0, 1, 0.25),
         rollout(1, 0, None),
-        "{torn last li",
         {"_ng_task_index": 2, "_ng_rollout_index": 0, "error_type": "HTTPError", "message": "503", "row": {}},
         {"responses_create_params": {"input": "x"}, "_ng_task_index": 3, "_ng_rollout_index": 0},  # materialized input
         rollout(4, 0, 1.0, "cut", tools=None) | {"response": {**make_response("cut").model_dump(mode="json"),
@@ -191,19 +190,17 @@ def test_sft_keeps_rewards_at_the_threshold_and_counts_every_dropped_line(tmp_pa
     ]
     path = write_jsonl(tmp_path / "r.jsonl", rows)
     report = export("sft", [path], tmp_path / "sft.jsonl", min_reward=0.5)
-    assert report.read == 8 and report.kept == 2
+    assert report.read == 7 and report.kept == 2 and report.bad_lines.count == 0
     assert dict(report.dropped) == {
         "below_min_reward": 1,
         "no_reward": 1,
-        "bad_json_line": 1,
         "failed_rollout": 1,
         "no_response": 1,
         "incomplete_response": 1,
     }
-    assert report.examples["bad_json_line"] == f"{path}:4: not valid JSON"
     assert [r["reward"] for r in read_jsonl(tmp_path / "sft.jsonl")] == [1.0, 0.5]
     text = "\n".join(report.lines())
-    assert "kept 2 rows" in text and "dropped 6 rollout(s)" in text and "incomplete_response" in text
+    assert "kept 2 rows" in text and "dropped 5 rollout(s)" in text and "incomplete_response" in text
 
     kept = export("sft", [path], tmp_path / "all.jsonl", include_incomplete=True)
     assert kept.kept == 5 and "incomplete_response" not in kept.dropped  # no threshold: rewardless rows too
@@ -399,12 +396,51 @@ def test_tokens_mark_re_tokenized_rollouts_keep_them_by_default_and_drop_them_on
     assert [(r["_ng_rollout_index"], r["token_trajectory"]) for r in table] == [(0, "exact"), (1, "exact")]
 
 
-def test_nothing_to_export_still_writes_an_empty_file(tmp_path):
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_nothing_to_export_writes_no_file_and_keeps_an_earlier_one(tmp_path, suffix):
     path = write_jsonl(tmp_path / "r.jsonl", [rollout(0, 0, 1.0)])
-    report = export("tokens", [path], tmp_path / "t.parquet")
-    assert report.kept == 0 and dict(report.dropped) == {"no_token_data": 1}
-    table = pq.read_table(tmp_path / "t.parquet")
-    assert table.num_rows == 0 and "loss_mask" in table.column_names
+    report = export("tokens", [path], tmp_path / f"t{suffix}")
+    assert report.kept == 0 and dict(report.dropped) == {"no_token_data": 1} and not report.written
+    assert not (tmp_path / f"t{suffix}").exists() and not list(tmp_path.glob("t*.partial"))
+    assert "no file written" in report.lines()[0]
+
+    earlier = tmp_path / f"earlier{suffix}"
+    earlier.write_bytes(b"an earlier export")
+    export("tokens", [path], earlier)
+    assert earlier.read_bytes() == b"an earlier export"
+
+
+def test_a_bad_line_refuses_the_export_unless_skipped(tmp_path, capsys):
+    rows = [rollout(0, 0, 1.0), "{torn", rollout(1, 0, 1.0), "[1, 2]", rollout(2, 0, 1.0)]
+    path = write_jsonl(tmp_path / "r.jsonl", rows)
+    with open(path, "a") as f:
+        f.write('{"_ng_task_index": 3, "rew')  # a torn last line, no newline
+    out = tmp_path / "sft.parquet"
+    out.write_bytes(b"an earlier export")
+    assert COMMAND.main(["sft", str(path), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: ng_export: {path}:2: not valid JSON (unexpected character")
+    assert f"  {path}:4: a JSON list, not an object" in err
+    assert f"  {path}:6: not valid JSON (" in err and "the last line has no newline" in err
+    assert "3 bad lines (lines that are not JSON objects): nothing was written." in err
+    assert "Fix or delete them, or pass --skip-bad-lines to skip them." in err
+    assert out.read_bytes() == b"an earlier export" and not list(tmp_path.glob("*.partial"))
+
+    assert COMMAND.main(["sft", str(path), "-o", str(out), "--skip-bad-lines"]) == 0
+    captured = capsys.readouterr()
+    assert "read 3 line(s) from 1 file (skipped 3 bad lines); kept 3 rows" in captured.out
+    assert "warning: ng_export: skipped 3 bad lines (--skip-bad-lines):" in captured.err
+    assert f"  {path}:4: a JSON list, not an object" in captured.err
+    assert [r["_ng_task_index"] for r in parquet_rows(out)] == [0, 1, 2]
+
+
+def test_only_bad_lines_skipped_is_nothing_kept(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "r.jsonl", ["{torn", "7"])
+    out = tmp_path / "sft.jsonl"
+    assert COMMAND.main(["sft", str(path), "-o", str(out), "--skip-bad-lines"]) == 1
+    err = capsys.readouterr().err
+    assert "no row kept: the input holds no rollout (skipped 2 bad lines); no file was written" in err
+    assert not out.exists()
 
 
 # ------------------------------------------------------------------------------------------------ command line
@@ -430,7 +466,9 @@ def test_the_command_line_takes_words_flags_and_overrides(tmp_path, capsys):
 
     assert COMMAND.main(["tokens", str(a), "-o", str(tmp_path / "t.jsonl")]) == 1  # nothing kept
     captured = capsys.readouterr()
-    assert "no_token_data" in captured.out and "nothing was exported" in captured.err
+    assert "no_token_data" in captured.out
+    assert "error: ng_export: no row kept: 2 dropped (2 no_token_data); no file was written" in captured.err
+    assert not (tmp_path / "t.jsonl").exists()
 
 
 @pytest.mark.parametrize(
@@ -494,3 +532,35 @@ def test_a_reward_component_is_the_reward_for_ranking_thresholds_and_the_exporte
     sft = export("sft", src, tmp_path / "sft.jsonl", reward_component="correctness", min_reward=1.0)
     kept = read_jsonl(tmp_path / "sft.jsonl")
     assert sft.kept == 1 and kept[0]["reward"] == 1.0 and kept[0]["_ng_rollout_index"] == 1
+
+
+def test_the_summary_says_what_it_dropped_in_the_outcome_words(tmp_path):
+    """The words every tool uses (`nemo_gym.rollouts.outcome`): incomplete (with the reason) and failed (a failures
+    line, or a response that failed) are counted apart from the other reasons; tokens keeps incomplete ones."""
+
+    def cut(task: int) -> dict:
+        row = rollout(task, 0, 1.0)
+        row["response"].update(status="incomplete", incomplete_details={"reason": "max_output_tokens"})
+        return row
+
+    broken = rollout(3, 0, 1.0)
+    broken["response"]["status"] = "failed"
+    rows = [
+        rollout(0, 0, 1.0),
+        cut(1),
+        cut(2),
+        broken,
+        {"_ng_task_index": 4, "_ng_rollout_index": 0, "error_type": "HTTPError", "message": "503", "row": {}},
+        rollout(5, 0, 0.0),
+    ]
+    path = write_jsonl(tmp_path / "r.jsonl", rows)
+    report = export("sft", [path], tmp_path / "sft.jsonl", min_reward=0.5)
+    assert report.kept == 1 and dict(report.dropped) == {"incomplete_response": 2, "failed_rollout": 2, "below_min_reward": 1}
+    text = "\n".join(report.lines())
+    assert (
+        "dropped 5 rollout(s): 2 incomplete (max_output_tokens), 2 failed (1 HTTPError, 1 response failed), "
+        "1 for other reasons:"
+    ) in text, text
+    assert "incomplete: the response stopped early" in text and "failed: a line of a _failures.jsonl file" in text
+    kept = export("sft", [path], tmp_path / "all.jsonl", include_incomplete=True)
+    assert kept.kept == 4 and "0 incomplete, 2 failed" in "\n".join(kept.lines())

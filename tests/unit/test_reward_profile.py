@@ -236,6 +236,42 @@ def test_profile_rollouts_writes_both_files_next_to_the_rollouts(tmp_path, capsy
     assert "agent" in table and "pass@2" in table and "0.500" in table
 
 
+def cut_short(t: int, r: int, reward: float) -> dict:
+    """A rollout whose response stopped at max_output_tokens: verified, so it has a reward."""
+    response = {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}, "output": []}
+    return rollout(t, r, reward, response=response)
+
+
+def test_the_profile_counts_ok_incomplete_and_failed_rollouts_per_agent(tmp_path, capsys):
+    """The outcome vocabulary (`nemo_gym.rollouts.outcome`): incomplete rollouts are in the statistics (they have a
+    reward) and counted apart; failed ones come from the failures sidecar, once per rollout however many attempt
+    lines it has; an agent whose rollouts all failed is in the table, not in the metrics file."""
+    agent_of = {0: "a", 1: "a", 2: "b"}.get
+    mat = write_jsonl(tmp_path / "r_materialized_inputs.jsonl", inputs({0: 2, 1: 2, 2: 1}, agent_of))
+    complete = {"status": "completed", "output": []}
+    out = write_jsonl(
+        tmp_path / "r.jsonl",
+        [rollout(0, 0, 1.0, response=complete), cut_short(0, 1, 0.0), cut_short(1, 0, 1.0)],
+    )
+    failure = {T: 1, R: 1, "error_type": "Timeout", "message": "/run did not answer", "agent_name": "a", "row": {}}
+    write_jsonl(
+        tmp_path / "r_failures.jsonl",
+        [failure, {**failure, "error_type": "HTTPError"}, {**failure, T: 2, R: 0, "agent_name": "b"}],
+    )
+    summary = profile_rollouts(mat, out)
+    (metrics,) = json.loads(summary.agent_metrics_path.read_text())
+    assert (metrics["num_rollouts"], metrics["num_ok"], metrics["num_incomplete"], metrics["num_failed"]) == (3, 1, 2, 1)
+    assert metrics["mean/reward"] == pytest.approx(2 / 3)  # the incomplete rollouts' rewards are in the mean
+    assert summary.agent_outcomes == {"a": {"ok": 1, "incomplete": 2, "failed": 1}, "b": {"ok": 0, "incomplete": 0, "failed": 1}}
+    assert summary.outcomes.describe() == "5 rollouts: 1 ok, 2 incomplete (max_output_tokens), 2 failed (Timeout)"
+    print_profile_table(summary)
+    printed = capsys.readouterr().out
+    assert "5 rollouts: 1 ok, 2 incomplete (max_output_tokens), 2 failed (Timeout)." in printed
+    assert "they have a reward and are kept in the output" in printed
+    row_b = next(line for line in printed.splitlines() if line.strip("│ ").startswith("b "))
+    assert [c.strip() for c in row_b.split("│")[2:7]] == ["0", "0", "0", "0", "1"]  # tasks, rollouts, ok, incomplete, failed
+
+
 def test_reward_profile_command(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write_jsonl(tmp_path / "x_materialized_inputs.jsonl", inputs({0: 1}))

@@ -795,3 +795,51 @@ def test_the_end_summary_counts_token_trajectories_only_when_rollouts_carry_toke
     assert run_from_config(config(tmp_path), server_client=FakeStack().client()) == 0  # no token ids at all
     out = capsys.readouterr().out
     assert "Collected 4 / 4 rollouts" in out and "token trajectories" not in out.lower(), out
+
+
+def test_the_end_summary_counts_ok_incomplete_and_failed_rollouts(tmp_path, capsys):
+    """One vocabulary (`rollouts/outcome.py`): a response cut at max_output_tokens is incomplete (verified, kept in
+    the output with its reward), a rollout that failed after its retries is failed; the summary, the progress
+    counts and the reward profile say so with the same words."""
+    make_input(tmp_path, 5)
+
+    def answers(request: httpx.Request) -> httpx.Response:
+        row = orjson.loads(request.content)
+        if row[T] == 4:
+            return httpx.Response(500, text="resources server unreachable")
+        response = {"status": "completed", "output": []}
+        if row[T] in (1, 2):
+            response = {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}, "output": []}
+        return httpx.Response(200, json={"reward": row["expected"], "response": response})
+
+    cfg = config(tmp_path, max_attempts=1)
+    paths = CollectionPaths(Path(cfg.output_jsonl_fpath))
+    assert run_from_config(cfg, server_client=mock_client(answers)) == 1
+    printed = capsys.readouterr()
+    assert "Collected 4 / 5 rollouts" in printed.out
+    assert "5 rollouts: 2 ok, 2 incomplete (max_output_tokens), 1 failed (HTTPError)." in printed.out
+    assert "they have a reward and are kept in the output" in printed.out
+    assert printed.out.count("5 rollouts: ") == 1  # the profile table leaves the sentence to the collector
+    assert "1 rollout(s) failed after retries" in printed.err
+    assert len(read_jsonl(paths.output)) == 4  # the incomplete ones are kept
+    (metrics,) = json.loads(paths.agent_metrics.read_text())
+    assert (metrics["num_rollouts"], metrics["num_ok"], metrics["num_incomplete"], metrics["num_failed"]) == (4, 2, 2, 1)
+
+    # Resume runs the failed one: the summary counts the new rollouts of this run.
+    assert run_from_config(config(tmp_path, resume_from_cache=True), server_client=FakeStack().client()) == 0
+    out = capsys.readouterr().out
+    assert "1 new rollout: 1 ok, 0 incomplete, 0 failed." in out
+    (metrics,) = json.loads(paths.agent_metrics.read_text())
+    assert (metrics["num_ok"], metrics["num_incomplete"], metrics["num_failed"]) == (3, 2, 0)
+
+
+def test_the_progress_display_counts_each_outcome():
+    from nemo_gym.rollouts.collection import ProgressDisplay, RolloutResult
+
+    display = ProgressDisplay(total=3, already_done=0, enabled=False)
+    cut = {"reward": 0.0, "response": {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}}
+    display.update(RolloutResult({}, result={"reward": 1.0, "response": {"status": "completed"}}))
+    display.update(RolloutResult({}, result=cut))
+    display.update(RolloutResult({}, error_type="Timeout", message="/run did not answer"))
+    assert display.outcomes.describe() == "3 rollouts: 1 ok, 1 incomplete (max_output_tokens), 1 failed (Timeout)"
+    assert (display.done, display.failed, display.mean_reward) == (2, 1, 0.5)

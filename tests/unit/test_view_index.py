@@ -87,16 +87,26 @@ def test_offsets_read_back_each_line_and_blank_lines_keep_line_numbers(tmp_path,
     rows = [rollout(t, r, float(r % 2)) for t in range(3) for r in range(2)]
     write(path, [rows[0], "", rows[1], "{not json", *rows[2:]])
     ix = RolloutIndex(path, cache)
-    assert ix.update() == 7  # 6 rollouts and the unreadable line; the blank line is no row
+    assert ix.update() == 6  # 6 rollouts; the blank line and the bad line are no rows
     got = indexed_rows(ix)
-    assert [g[3] for g in got] == [1, 3, 4, 5, 6, 7, 8]  # physical line numbers
+    assert [g[3] for g in got] == [1, 3, 5, 6, 7, 8]  # physical line numbers
     for source, offset, length, line, *_ in got:
         text = ix.read_line(source, offset, length)
         assert text == path.read_text().splitlines()[line - 1].encode()
+    count, (bad,) = ix.bad_lines()  # kept apart, for ng view's bad-lines policy
+    assert count == 1 and bad.where() == f"{ix.path}:4: not valid JSON" and "char 1" in bad.detail
     query = RolloutQuery([ix])
-    bad = query.rows(TableFilter(failed_only=True))["rows"]
-    assert [(r["line"], r["status"], r["error_type"]) for r in bad] == [(4, "unreadable", "InvalidJSON")]
+    assert query.rows(TableFilter(status="unreadable"))["total"] == 0
+    assert query.rows(TableFilter(failed_only=True))["total"] == 0  # a line that is not JSON is no failed rollout
+    outcomes = query.outcomes()
+    assert (outcomes["ok"], outcomes["incomplete"], outcomes["failed"]) == (6, 0, 0)
     assert ix.update() == 0  # nothing new: nothing read
+    with open(path, "a") as f:
+        f.write("[1, 2]\n" + json.dumps(rows[0])[:30])  # a new bad line, then a line still being written
+    assert ix.update() == 0
+    assert [(b.line, b.reason) for b in ix.bad_lines(after=1)[1]] == [(9, "a JSON list, not an object")]
+    write(path, rows[:2])  # rewritten: indexed afresh, bad lines too
+    assert ix.update() == 2 and ix.bad_lines() == (0, [])
 
 
 def test_growth_is_indexed_incrementally_and_a_line_being_written_waits(tmp_path, cache):
@@ -341,3 +351,69 @@ def test_the_token_trajectory_drift_check_is_a_column_and_counted_in_the_summary
     assert [r["trajectory"] for r in ranked] == ["unusable", "retokenized", "exact", None]
     info, _ = query.row(0, ranked[1]["id"])
     assert info["trajectory"] == "retokenized"  # the detail pane gets it too
+
+
+def test_a_bad_line_that_appears_while_following_a_file_is_named_on_stderr(tmp_path, cache, capsys):
+    from nemo_gym.workbench.view.app import Watcher
+
+    path = tmp_path / "rollouts.jsonl"
+    write(path, [rollout(0, 0, 1.0), "{torn"])
+    ix = RolloutIndex(path, cache)
+    ix.update()
+    watcher = Watcher([ix])  # not started: one round by hand
+    assert watcher.bad_lines_seen == [1]  # reported when the viewer started
+    write(path, [rollout(0, 1, 0.0), "7"], mode="a")
+    ix.update()
+    watcher._report_new_bad_lines(0, ix)
+    err = capsys.readouterr().err
+    appeared = "warning: ng_view: skipped a bad line that appeared while viewing"
+    assert err == f"{appeared}: {ix.path}:4: a JSON number, not an object\n"
+    watcher._report_new_bad_lines(0, ix)
+    assert capsys.readouterr().err == ""  # each one once
+
+
+def test_the_viewer_counts_outcomes_in_the_words_and_numbers_of_the_reward_profile(tmp_path, cache):
+    """ok / incomplete / failed (`nemo_gym.rollouts.outcome`): a response cut at max_output_tokens is incomplete
+    (not a failure: it keeps its reward), a response with an `error` is failed, and a rollout with two failure lines
+    (two attempts) is one failed rollout, under its first line's error type. The viewer's counts, lists and
+    sentence are the reward profile's for the same files."""
+    from nemo_gym.rollouts.reward_profile import profile_rollouts
+
+    path = tmp_path / "rollouts.jsonl"
+    cut = rollout(1, 0, 1.0)
+    cut["response"].update(status="incomplete", incomplete_details={"reason": "max_output_tokens"})
+    errored = rollout(1, 1, 0.0)
+    errored["response"].update(status="failed", error={"code": "server_error", "message": "the model crashed"})
+    write(path, [rollout(0, 0, 1.0), rollout(0, 1, 0.0), cut, errored])
+    attempt = RolloutResult(rollout(2, 0, 0.0), error_type="HTTPError", message="503", agent_name="agent_a", attempts=1)
+    again = RolloutResult(rollout(2, 0, 0.0), error_type="Timeout", message="slow", agent_name="agent_a", attempts=1)
+    other = RolloutResult(rollout(2, 1, 0.0), error_type="Timeout", message="slow", agent_name="agent_a", attempts=1)
+    write(tmp_path / "rollouts_failures.jsonl", [r.failure_record() for r in (attempt, again, other)])
+    ix = RolloutIndex(path, cache)
+    ix.update()
+    query = RolloutQuery([ix])
+
+    outcomes = query.outcomes()
+    assert (outcomes["ok"], outcomes["incomplete"], outcomes["failed"], outcomes["failure_lines"]) == (2, 1, 3, 4)
+    assert outcomes["text"] == "6 rollouts: 2 ok, 1 incomplete (max_output_tokens), 3 failed (1 HTTPError, 1 Timeout, 1 server_error)"
+    assert outcomes["phrases"] == {"ok": "2 ok", "incomplete": "1 incomplete (max_output_tokens)",
+                                   "failed": "3 failed (1 HTTPError, 1 Timeout, 1 server_error)"}  # fmt: skip
+    incomplete = query.listing("incomplete")
+    assert [(r["task"], r["rollout"], r["reward"], r["error_type"]) for r in incomplete["rows"]] == [(1, 0, 1.0, "max_output_tokens")]
+    failed = query.failures()
+    assert (failed["total"], failed["rollouts"]) == (4, 3)  # 4 lines of 3 rollouts
+    assert query.rows(TableFilter(status="incomplete"))["total"] == 1 and query.rows(TableFilter(failed_only=True))["total"] == 4
+    with pytest.raises(ValueError, match="no status `error`"):
+        query.rows(TableFilter(status="error"))
+    summary = query.summary()
+    assert summary["incomplete"] == [{"reason": "max_output_tokens", "status": "incomplete", "count": 1}]
+    assert {f["error_type"]: f["count"] for f in summary["failures"]} == {"HTTPError": 1, "Timeout": 1, "server_error": 1}
+    (agent,) = summary["agents"]
+    assert (agent["rollouts"], agent["ok"], agent["incomplete"], agent["failed"]) == (4, 2, 1, 3)
+
+    materialized = tmp_path / "rollouts_materialized_inputs.jsonl"
+    write(materialized, [{**rollout(t, r, 0.0), "response": None} for t in range(3) for r in range(2)])
+    profile = profile_rollouts(materialized, path)
+    assert profile.outcomes.as_dict() == {k: v for k, v in outcomes.items() if k not in ("unreadable", "failure_lines")}
+    (metrics,) = profile.agent_metrics
+    assert (metrics["num_rollouts"], metrics["num_ok"], metrics["num_incomplete"], metrics["num_failed"]) == (4, 2, 1, 3)

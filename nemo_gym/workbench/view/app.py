@@ -2,10 +2,15 @@
 API it reads, over a `RolloutQuery`. A `Watcher` thread keeps the indexes up to date, so a file that
 `ng_collect_rollouts` is still writing shows its new rows on the page's next poll.
 
-The API only ever reads the files it was started with, by their position (`file`) and index row (`id`)."""
+The API only ever reads the files it was started with, by their position (`file`) and index row (`id`).
+
+Bad lines (not JSON objects) are no rows: `ng view` refuses files that hold any unless `--skip-bad-lines`; a bad
+line that appears while a file is followed is skipped, named on stderr and counted in `/api/status` (`bad_lines`
+of each file), which the page shows."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from typing import Optional, Sequence
@@ -17,7 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from nemo_gym.workbench.view.index import RolloutIndex
-from nemo_gym.workbench.view.query import SORT_COLUMNS, RolloutQuery, TableFilter
+from nemo_gym.workbench.view.query import SORT_COLUMNS, STATUSES, RolloutQuery, TableFilter
 
 __all__ = ["STATIC_DIR", "Watcher", "create_app"]
 
@@ -30,12 +35,14 @@ def _json(data: object) -> Response:
 
 
 class Watcher:
-    """A daemon thread that indexes the files, then looks for growth every `interval_s` seconds."""
+    """A daemon thread that indexes the files, then looks for growth every `interval_s` seconds. Bad lines found on
+    the way are named on stderr (the first few of each round, then their count)."""
 
     def __init__(self, indexes: list[RolloutIndex], interval_s: float = 1.0) -> None:
         self.indexes = indexes
         self.interval_s = interval_s
         self.errors: dict[int, str] = {}
+        self.bad_lines_seen = [ix.bad_lines(first=0)[0] for ix in indexes]  # those reported when the viewer started
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ng-view-indexer", daemon=True)
 
@@ -54,10 +61,23 @@ class Watcher:
                 try:
                     busy |= ix.update(max_rows=_UPDATE_BATCH) >= _UPDATE_BATCH
                     self.errors.pop(i, None)
+                    self._report_new_bad_lines(i, ix)
                 except (OSError, ValueError) as exc:  # unreadable file: shown on the page, retried next round
                     self.errors[i] = f"{type(exc).__name__}: {exc}"
             if not busy:
                 self._stop.wait(self.interval_s)
+
+    def _report_new_bad_lines(self, i: int, ix: RolloutIndex) -> None:
+        count, new = ix.bad_lines(after=self.bad_lines_seen[i])
+        if count <= self.bad_lines_seen[i]:
+            return
+        more = count - self.bad_lines_seen[i] - len(new)
+        self.bad_lines_seen[i] = count
+        lines = [f"warning: ng_view: skipped a bad line that appeared while viewing: {bad}" for bad in new]
+        if more > 0:
+            lines.append(f"warning: ng_view: ... and {more} more")
+        sys.stderr.write("\n".join(lines) + "\n")
+        sys.stderr.flush()
 
 
 def create_app(
@@ -86,14 +106,16 @@ def create_app(
     @app.get("/api/status")
     def status() -> Response:
         files = query.files()
-        for f in files:
+        for f, ix in zip(files, query.indexes):
             f["error"] = watcher.errors.get(f["file"]) if watcher else None
+            f["bad_lines"] = ix.bad_lines(first=0)[0]  # skipped: not rows of the table
         return _json(
             {
                 "version": str(hash(query.version())),
                 "files": files,
                 "agents": query.agents(),
                 "token_data": query.has_token_data(),
+                "outcomes": query.outcomes(),
             }
         )
 
@@ -110,10 +132,13 @@ def create_app(
         q: str = "",
         file: Optional[int] = None,
         task: Optional[int] = None,
+        status: Optional[str] = None,
     ) -> Response:
         if sort not in SORT_COLUMNS:
             raise HTTPException(400, f"cannot sort by `{sort}`; sortable columns: {', '.join(SORT_COLUMNS)}")
-        flt = TableFilter(min_reward, max_reward, agent or None, failed, q, file, task)
+        if status and status not in STATUSES:
+            raise HTTPException(400, f"no status `{status}`; statuses: {', '.join(STATUSES)}")
+        flt = TableFilter(min_reward, max_reward, agent or None, failed, q, file, task, status or None)
         return _json(query.rows(flt, sort=sort, descending=desc, offset=offset, limit=limit))
 
     def _one(file: int, row_id: int) -> tuple[dict, bytes]:
@@ -142,8 +167,13 @@ def create_app(
         return _json(query.summary(pass_threshold if threshold is None else threshold))
 
     @app.get("/api/failures")
-    def failures(offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=1000)) -> Response:
-        return _json(query.failures(offset=offset, limit=limit))
+    def failures(
+        offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=1000), status: str = "failed"
+    ) -> Response:
+        """The failed rows (the Failed tab), or those of another status (`status=incomplete`: the Incomplete tab)."""
+        if status not in STATUSES:
+            raise HTTPException(400, f"no status `{status}`; statuses: {', '.join(STATUSES)}")
+        return _json(query.listing(status, offset=offset, limit=limit))
 
     return app
 

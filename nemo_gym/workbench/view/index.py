@@ -2,7 +2,9 @@
 
 A rollouts file can hold a million lines of several kB each, so the viewer never loads it. It reads it once,
 line by line, and writes one SQLite row per line: byte offset and length (to read that line again with one seek),
-task and repeat indices, agent, reward, turns, tool calls, tokens, status, a short preview of the prompt and, for a
+task and repeat indices, agent, reward, turns, tool calls, tokens, status (the rollout's outcome, ok / incomplete /
+failed as `nemo_gym.rollouts.outcome` defines them, or `unreadable` for a line that is not a JSON object, which is no
+outcome), a short preview of the prompt and, for a
 rollout with token ids, the drift check of its token trajectory (`trajectory`: exact / retokenized / unusable and
 `trajectory_reason`, from `nemo_gym.workbench.tokens.classify_trajectory`, as `ng export tokens` decides). The
 `<stem>_failures.jsonl` written beside it is indexed into the same database (`source` 1), so failed rollouts are
@@ -13,6 +15,9 @@ The database lives in a cache directory, one file per rollouts file, and is reus
 - **Growth** (the collector is still appending): only the new bytes are read. Only lines that end with a newline
   are indexed, so a line being written is picked up on a later update (a last line without newline counts only
   when it is a whole JSON object).
+- **Bad lines** (`nemo_gym.rollouts.jsonl`: a non-empty line that is not a JSON object) are no rows: they go to the
+  `bad_lines` table (`RolloutIndex.bad_lines`), and `ng view` refuses or skips them as every rollouts command does.
+  A last line without newline is never one: the collector may still be writing it.
 - **Invalidation**: the bytes the index was built from are fingerprinted (the first and the last 4 KiB). A file
   that shrank or whose fingerprint changed (rewritten by a new run) is indexed afresh; `generation` counts these.
 - **Resumable**: rows are committed in batches together with the position reached, so an interrupted build
@@ -30,14 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
-import orjson
-
+from nemo_gym.rollouts.jsonl import BadLine, NotAnObject, parse_row
+from nemo_gym.rollouts.outcome import FAILURES_SUFFIX, failure_agent, failure_outcome, failures_path_for, rollout_outcome
 from nemo_gym.workbench.tokens import classify_trajectory, has_token_data
 
 __all__ = [
     "INDEX_VERSION",
     "ROLLOUTS",
     "FAILURES",
+    "UNREADABLE",
     "RolloutIndex",
     "SourceState",
     "default_cache_dir",
@@ -47,9 +53,10 @@ __all__ = [
     "prompt_preview",
 ]
 
-INDEX_VERSION = 3
+INDEX_VERSION = 5  # 4: status is the outcome (ok / incomplete / failed; `error` became failed) or unreadable
+# 5: bad lines are not rows but `bad_lines`
 ROLLOUTS, FAILURES = 0, 1  # the `source` column: the rollouts file itself, or its `_failures.jsonl`
-FAILURES_SUFFIX = "_failures"
+UNREADABLE = "unreadable"  # a line that is not a JSON object: no rollout outcome
 _FINGERPRINT_BYTES = 4096
 _BATCH_ROWS = 2000
 _PREVIEW_CHARS = 160
@@ -69,6 +76,9 @@ CREATE TABLE IF NOT EXISTS rows (
     tool_calls INTEGER, tokens INTEGER, status TEXT NOT NULL, error_type TEXT, message TEXT, preview TEXT,
     trajectory TEXT, trajectory_reason TEXT);
 CREATE UNIQUE INDEX IF NOT EXISTS rows_at ON rows(source, offset);
+CREATE TABLE IF NOT EXISTS bad_lines (
+    source INTEGER NOT NULL, offset INTEGER NOT NULL, line INTEGER NOT NULL, reason TEXT NOT NULL, detail TEXT,
+    PRIMARY KEY (source, offset));
 CREATE INDEX IF NOT EXISTS rows_task ON rows(task, rollout, source, offset);
 CREATE INDEX IF NOT EXISTS rows_reward ON rows(reward, source, offset);
 CREATE INDEX IF NOT EXISTS rows_agent ON rows(agent, source, offset);
@@ -98,11 +108,6 @@ def default_cache_dir() -> Path:
     except OSError:
         pass
     return Path(tempfile.gettempdir()) / f"nemo_gym_view_{os.getuid() if hasattr(os, 'getuid') else 'user'}"
-
-
-def failures_path_for(path: Path) -> Path:
-    """`<stem>_failures.jsonl` beside a rollouts file (the name `ng_collect_rollouts` writes)."""
-    return path.with_name(f"{path.stem}{FAILURES_SUFFIX}.jsonl")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -163,11 +168,11 @@ def summarize_rollout(row: Any) -> dict:
 
     turns: model turns, i.e. runs of model-made output items between tool outputs; tool calls: output items
     whose type is `function_call` or ends in `_call`; tokens: `usage.total_tokens` (else input + output);
-    status: `ok`, `incomplete` / `error` (the response says so), or `unreadable` (not a JSON object);
-    trajectory: `exact` / `retokenized` / `unusable` (with `trajectory_reason`) when any output item carries token
-    ids, else None."""
+    status: the outcome (`nemo_gym.rollouts.outcome`: ok, incomplete or failed, its reason as `error_type`), or
+    `unreadable` (not a JSON object); trajectory: `exact` / `retokenized` / `unusable` (with `trajectory_reason`)
+    when any output item carries token ids, else None."""
     if not isinstance(row, dict):
-        return {"status": "unreadable", "error_type": "NotAnObject"}
+        return {"status": UNREADABLE, "error_type": "NotAnObject"}
     response = row.get("response") if isinstance(row.get("response"), dict) else {}
     output = response.get("output") if isinstance(response.get("output"), list) else []
     turns = tool_calls = 0
@@ -186,17 +191,7 @@ def summarize_rollout(row: Any) -> dict:
     tokens = _int(usage.get("total_tokens"))
     if tokens is None and (_int(usage.get("input_tokens")) is not None or _int(usage.get("output_tokens")) is not None):
         tokens = (_int(usage.get("input_tokens")) or 0) + (_int(usage.get("output_tokens")) or 0)
-    status, error_type, message = "ok", None, None
-    error = response.get("error")
-    if error:
-        status = "error"
-        error_type = str(error.get("code") or "error") if isinstance(error, dict) else "error"
-        message = str(error.get("message") if isinstance(error, dict) else error)[:_MESSAGE_CHARS]
-    elif response.get("status") in ("incomplete", "failed", "cancelled"):
-        status = "incomplete" if response.get("status") == "incomplete" else "error"
-        details = response.get("incomplete_details")
-        reason = details.get("reason") if isinstance(details, dict) else None
-        error_type = str(reason or response.get("status"))
+    outcome = rollout_outcome(row)
     trajectory = classify_trajectory(row) if has_token_data(row) else None
     return {
         "task": _int(row.get("_ng_task_index")),
@@ -206,9 +201,9 @@ def summarize_rollout(row: Any) -> dict:
         "turns": turns,
         "tool_calls": tool_calls,
         "tokens": tokens,
-        "status": status,
-        "error_type": error_type,
-        "message": message,
+        "status": outcome.kind,
+        "error_type": outcome.reason,
+        "message": None if outcome.message is None else outcome.message[:_MESSAGE_CHARS],
         "preview": prompt_preview(row.get("responses_create_params")),
         "trajectory": trajectory.kind if trajectory else None,
         "trajectory_reason": trajectory.reason if trajectory else None,
@@ -216,36 +211,25 @@ def summarize_rollout(row: Any) -> dict:
 
 
 def summarize_failure(record: Any) -> dict:
-    """The table fields of one `_failures.jsonl` line: status `failed`, its error type and message.
+    """The table fields of one `_failures.jsonl` line: status `failed`, its error type and message
+    (`nemo_gym.rollouts.outcome.failure_outcome`).
 
     Two shapes: our failure records (`error_type`, `message`, `agent_name`, the input as `row`) and NeMo Gym
     v0.5's sidecar lines, which are the agent's result itself with `_ng_failure_class` (one line per attempt)."""
     if not isinstance(record, dict):
-        return {"status": "unreadable", "error_type": "NotAnObject"}
+        return {"status": UNREADABLE, "error_type": "NotAnObject"}
     row = record.get("row") if isinstance(record.get("row"), dict) else record
-    agent = record.get("agent_name") if isinstance(record.get("agent_name"), str) else _agent(row) or _agent(record)
-    message = record.get("message")
-    if message is None:
-        message = record.get("_ng_failure_judge_error")
-    error_type = record.get("error_type") or record.get("_ng_failure_class")
+    outcome = failure_outcome(record)
     return {
         "task": _int(record.get("_ng_task_index", row.get("_ng_task_index"))),
         "rollout": _int(record.get("_ng_rollout_index", row.get("_ng_rollout_index"))),
-        "agent": agent,
+        "agent": failure_agent(record),
         "reward": _number(record.get("reward")) if row is record else None,
-        "status": "failed",
-        "error_type": str(error_type or "unknown"),
-        "message": None if message is None else str(message)[:_MESSAGE_CHARS],
+        "status": outcome.kind,
+        "error_type": outcome.reason,
+        "message": None if outcome.message is None else outcome.message[:_MESSAGE_CHARS],
         "preview": prompt_preview(row.get("responses_create_params")),
     }
-
-
-def _summarize_line(source: int, line: bytes) -> dict:
-    try:
-        parsed = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        return {"status": "unreadable", "error_type": "InvalidJSON", "message": str(exc)[:_MESSAGE_CHARS]}
-    return summarize_failure(parsed) if source == FAILURES else summarize_rollout(parsed)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -303,7 +287,7 @@ class RolloutIndex:
         except sqlite3.OperationalError:
             pass
         if version != str(INDEX_VERSION):  # an index written by another version of this module: start afresh
-            for table in ("rows", "sources", "info"):
+            for table in ("rows", "bad_lines", "sources", "info"):
                 db.execute(f"DROP TABLE IF EXISTS {table}")
         db.executescript(_SCHEMA)
         db.execute("INSERT OR REPLACE INTO info VALUES ('version', ?)", (str(INDEX_VERSION),))
@@ -343,6 +327,7 @@ class RolloutIndex:
     def _reset(self, source: int, path: Path, generation: int) -> None:
         self._db.execute("BEGIN IMMEDIATE")
         self._db.execute("DELETE FROM rows WHERE source = ?", (source,))
+        self._db.execute("DELETE FROM bad_lines WHERE source = ?", (source,))
         self._db.execute(
             "INSERT OR REPLACE INTO sources VALUES (?, ?, 0, 1, 0, NULL, NULL, 0, 0, 0, ?)",
             (source, str(path), generation),
@@ -379,6 +364,7 @@ class RolloutIndex:
     def _extend(self, source: int, f: Any, st: os.stat_result, end: int, line_no: int, rows: int, budget) -> int:
         f.seek(end)
         batch: list[tuple] = []
+        bad: list[tuple] = []
         added = 0
 
         def commit() -> None:
@@ -386,6 +372,7 @@ class RolloutIndex:
             tail = _fingerprint(f, max(0, end - _FINGERPRINT_BYTES), end)
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(_INSERT, batch)
+            self._db.executemany("INSERT OR REPLACE INTO bad_lines VALUES (?, ?, ?, ?, ?)", bad)
             self._db.execute(
                 "UPDATE sources SET end_offset = ?, next_line = ?, rows = ?, head = ?, tail = ?, size = ?, "
                 "mtime_ns = ?, inode = ? WHERE source = ?",
@@ -393,23 +380,27 @@ class RolloutIndex:
             )
             self._db.execute("COMMIT")
             batch.clear()
+            bad.clear()
 
         while budget is None or added < budget:
             line = f.readline()
             if not line:
                 break
-            if not line.endswith(b"\n"):  # a line still being written, unless it is already a whole object
-                try:
-                    if not isinstance(orjson.loads(line), dict):
-                        break
-                except orjson.JSONDecodeError:
-                    break
             stripped = line.strip()
             if stripped:
-                fields = _summarize_line(source, stripped)
-                batch.append((source, end, len(line), line_no, *(fields.get(c) for c in ROW_COLUMNS[4:])))
-                rows += 1
-                added += 1
+                try:
+                    row = parse_row(stripped)
+                except NotAnObject as exc:
+                    if not line.endswith(b"\n"):  # a line still being written: indexed once it is whole
+                        break
+                    bad.append((source, end, line_no, exc.reason, exc.detail))
+                else:
+                    fields = summarize_failure(row) if source == FAILURES else summarize_rollout(row)
+                    batch.append((source, end, len(line), line_no, *(fields.get(c) for c in ROW_COLUMNS[4:])))
+                    rows += 1
+                    added += 1
+            elif not line.endswith(b"\n"):
+                break
             end += len(line)
             line_no += 1
             if len(batch) >= _BATCH_ROWS:
@@ -418,6 +409,17 @@ class RolloutIndex:
                 f.seek(pos)
         commit()  # stopped before the end (budget, a line being written): the next update goes on from `end`
         return added
+
+    def bad_lines(self, first: int = 5, after: int = 0) -> tuple[int, list[BadLine]]:
+        """How many bad lines the files hold (as far as indexed), and `first` of them in file order, from the
+        `after`-th on (the failures file's after the rollouts file's)."""
+        with self._lock:
+            count = self._db.execute("SELECT COUNT(*) FROM bad_lines").fetchone()[0]
+            got = self._db.execute(
+                "SELECT source, line, reason, detail FROM bad_lines ORDER BY source, offset LIMIT ? OFFSET ?",
+                (first, after),
+            ).fetchall()
+        return count, [BadLine(str(self.sources[s]), n, r, d or "") for s, n, r, d in got]
 
     # ------------------------------------------------------------------------------------------------ reading
     def read_line(self, source: int, offset: int, length: int) -> bytes:

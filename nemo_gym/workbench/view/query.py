@@ -3,7 +3,11 @@ task, the run summary. Answered from the indexes (`index.py`), one read connecti
 attached, so a filter or a sort over a million rows is one SQL query and never a pass over the JSONL.
 
 Only the text search reads the files: it streams the indexed lines and keeps the offsets that match in a
-temporary table, per search text, and on later calls scans only the lines indexed since (live files)."""
+temporary table, per search text, and on later calls scans only the lines indexed since (live files).
+
+Outcomes are counted as `nemo_gym.rollouts.outcome` says everywhere: ok / incomplete / failed, a failed rollout once
+per (file, task, rollout) however many failure lines (attempts) it has. A line that is not a JSON object is no
+rollout (`unreadable`, counted apart, if an index holds any)."""
 
 from __future__ import annotations
 
@@ -17,10 +21,11 @@ from typing import Any, Iterable, Optional
 
 import orjson
 
+from nemo_gym.rollouts.outcome import FAILED, INCOMPLETE, OK, Outcome, OutcomeCounts
 from nemo_gym.rollouts.reward_profile import pass_at_k
-from nemo_gym.workbench.view.index import FAILURES, ROLLOUTS, RolloutIndex
+from nemo_gym.workbench.view.index import FAILURES, ROLLOUTS, UNREADABLE, RolloutIndex
 
-__all__ = ["RolloutQuery", "TableFilter", "SORT_COLUMNS", "TooManyFiles"]
+__all__ = ["RolloutQuery", "TableFilter", "SORT_COLUMNS", "STATUSES", "TooManyFiles"]
 
 SORT_COLUMNS = (
     "file", "line", "task", "rollout", "agent", "reward", "turns", "tool_calls", "tokens", "status", "trajectory",
@@ -28,6 +33,21 @@ SORT_COLUMNS = (
 _SUMMARY_COLUMNS = (
     "file", "id", "source", "line", "task", "rollout", "agent", "reward", "turns", "tool_calls", "tokens", "status",
     "error_type", "preview", "trajectory", "trajectory_reason",
+)  # fmt: skip
+STATUSES = (OK, INCOMPLETE, FAILED, UNREADABLE)  # the `status` column: an outcome, or a line that is not JSON
+# One failed rollout, however many failure lines (attempts) it has: its (file, task, repeat), else the line itself.
+_ROLLOUT_KEY = (
+    "CASE WHEN task IS NULL OR rollout IS NULL THEN 'line:' || file || ':' || source || ':' || offset "
+    "ELSE file || ':' || task || ':' || rollout END"
+)
+# Failed rollouts per error type, each under the type of its first line (the rollouts file, then the failures file in
+# file order), as the reward profile counts them: SQLite takes the bare `error_type` from the row with the MIN.
+_FAILED_BY_TYPE = (
+    "SELECT error_type, COUNT(*) AS n FROM (SELECT error_type, MIN(source * 1099511627776 + offset) FROM all_rows "
+    f"WHERE status = 'failed' GROUP BY {_ROLLOUT_KEY}) GROUP BY error_type ORDER BY n DESC, error_type"
+)
+_LISTING_COLUMNS = (
+    "file", "id", "source", "line", "task", "rollout", "agent", "reward", "status", "error_type", "message",
 )  # fmt: skip
 _SEARCH_CACHE = 8
 _HISTOGRAM_BINS = 20
@@ -40,7 +60,8 @@ class TooManyFiles(ValueError):
 
 @dataclass(frozen=True)
 class TableFilter:
-    """The table's filters; None / False / "" means no filter."""
+    """The table's filters; None / False / "" means no filter. `status`: one of `STATUSES`; `failed_only` is
+    `status="failed"`."""
 
     min_reward: Optional[float] = None
     max_reward: Optional[float] = None
@@ -49,6 +70,7 @@ class TableFilter:
     text: str = ""
     file: Optional[int] = None
     task: Optional[int] = None
+    status: Optional[str] = None
 
 
 @dataclass
@@ -90,7 +112,7 @@ class RolloutQuery:
         self._search_lock = threading.Lock()
         self._searches: OrderedDict[str, _Search] = OrderedDict()
         self._search_count = 0
-        self._summary_cache: Optional[tuple[Any, dict]] = None
+        self._memo: dict[Any, tuple[tuple, float, float, Any]] = {}
 
     def close(self) -> None:
         with self._lock:
@@ -190,8 +212,11 @@ class RolloutQuery:
         if flt.agent:
             clauses.append("agent = ?")
             params.append(flt.agent)
-        if flt.failed_only:
-            clauses.append("status != 'ok'")
+        if flt.status is not None and flt.status not in STATUSES:
+            raise ValueError(f"no status `{flt.status}`; statuses: {', '.join(STATUSES)}")
+        for status in {flt.status, FAILED if flt.failed_only else None} - {None}:
+            clauses.append("status = ?")
+            params.append(status)
         if flt.file is not None:
             clauses.append("file = ?")
             params.append(flt.file)
@@ -255,47 +280,83 @@ class RolloutQuery:
                 rows.append(got)
         return {"total": len(ids), "rows": rows}
 
-    def failures(self, *, offset: int = 0, limit: int = 100) -> dict:
-        """The `_failures.jsonl` rows (and rollouts whose response says it failed), with their messages."""
-        cols = ("file", "id", "source", "line", "task", "rollout", "agent", "status", "error_type", "message")
-        total = self._all("SELECT COUNT(*) FROM all_rows WHERE status != 'ok'")[0][0]
+    def listing(self, status: str, *, offset: int = 0, limit: int = 100) -> dict:
+        """The rows of one status (the Incomplete and Failed tabs), with their reasons and messages: `{"total":
+        rows, "rollouts": distinct rollouts, "rows": [...]}`; failure lines first, then file order."""
+        if status not in STATUSES:
+            raise ValueError(f"no status `{status}`; statuses: {', '.join(STATUSES)}")
+        total, rollouts = self._all(
+            f"SELECT COUNT(*), COUNT(DISTINCT {_ROLLOUT_KEY}) FROM all_rows WHERE status = ?", (status,)
+        )[0]
         got = self._all(
-            f"SELECT {', '.join(cols)} FROM all_rows WHERE status != 'ok' ORDER BY file, source DESC, line "
+            f"SELECT {', '.join(_LISTING_COLUMNS)} FROM all_rows WHERE status = ? ORDER BY file, source DESC, line "
             "LIMIT ? OFFSET ?",
-            (max(1, min(int(limit), 1000)), max(0, int(offset))),
+            (status, max(1, min(int(limit), 1000)), max(0, int(offset))),
         )
-        return {"total": total, "rows": [dict(zip(cols, r)) for r in got]}
+        return {"total": total, "rollouts": rollouts, "rows": [dict(zip(_LISTING_COLUMNS, r)) for r in got]}
+
+    def failures(self, *, offset: int = 0, limit: int = 100) -> dict:
+        """The failed rows: lines of `_failures.jsonl` and rollouts whose response failed (`listing("failed")`)."""
+        return self.listing(FAILED, offset=offset, limit=limit)
+
+    def outcomes(self) -> dict:
+        """ok / incomplete / failed over every file (`OutcomeCounts.as_dict()`, with `text`, the sentence the
+        collector prints), `unreadable` lines apart and `failure_lines` (a failed rollout may have several)."""
+        return self._cached("outcomes", self._count_outcomes)
+
+    def _count_outcomes(self) -> dict:
+        counts = OutcomeCounts()
+        by_status = dict(self._all("SELECT status, COUNT(*) FROM all_rows GROUP BY status"))
+        counts.ok = by_status.get(OK, 0)
+        for reason, n in self._all(
+            "SELECT error_type, COUNT(*) FROM all_rows WHERE status = 'incomplete' GROUP BY error_type"
+        ):
+            counts.add(Outcome(INCOMPLETE, reason), n)
+        for reason, n in self._all(_FAILED_BY_TYPE):  # each failed rollout once, under one type
+            counts.add(Outcome(FAILED, reason), n)
+        return {**counts.as_dict(), UNREADABLE: by_status.get(UNREADABLE, 0), "failure_lines": by_status.get(FAILED, 0)}
+
+    def _cached(self, key: Any, compute: Any) -> Any:
+        """`compute()`, reused until the indexes change; while a big file keeps growing, a result that took long
+        (seconds on a million rows) is recomputed at most every ten times as long, so live polling cannot keep
+        SQLite busy."""
+        version = self.version()
+        got = self._memo.get(key)
+        if got is not None:
+            cached_version, done_at, took, value = got
+            if cached_version == version or (took > _SLOW_SUMMARY_S and time.monotonic() - done_at < 10 * took):
+                return value
+        started = time.monotonic()
+        value = compute()
+        now = time.monotonic()
+        self._memo[key] = (version, now, now - started, value)
+        return value
 
     # ------------------------------------------------------------------------------------------------ summary
     def summary(self, pass_threshold: float = 1.0) -> dict:
-        """Reward histogram, per-agent mean reward and pass@k, failure counts by error type.
+        """Reward histogram, per-agent counts, mean reward and pass@k, the outcome counts, failed rollouts by error
+        type and incomplete ones by reason (cached like `outcomes`)."""
+        return self._cached(("summary", pass_threshold), lambda: self._summarize(pass_threshold))
 
-        Cached until the indexes change; while a big file keeps growing, a summary that took long (seconds on a
-        million rows) is recomputed at most every ten times as long, so live polling cannot keep SQLite busy."""
-        version = self.version()
-        if self._summary_cache is not None:
-            (cached_version, threshold, done_at, took), cached = self._summary_cache
-            if threshold == pass_threshold and (
-                cached_version == version or (took > _SLOW_SUMMARY_S and time.monotonic() - done_at < 10 * took)
-            ):
-                return cached
-        started = time.monotonic()
-        result = {
+    def _summarize(self, pass_threshold: float) -> dict:
+        return {
             "histogram": self._histogram(),
             "agents": self._agent_stats(pass_threshold),
+            "outcomes": self.outcomes(),
             "failures": [
-                {"error_type": t or "unknown", "status": s, "count": n}
-                for t, s, n in self._all(
-                    "SELECT error_type, status, COUNT(*) AS n FROM all_rows WHERE status != 'ok' "
-                    "GROUP BY error_type, status ORDER BY n DESC, error_type"
+                {"error_type": t or "unknown", "status": FAILED, "count": n}
+                for t, n in self._all(_FAILED_BY_TYPE)
+            ],
+            "incomplete": [
+                {"reason": r or "no reason given", "status": INCOMPLETE, "count": n}
+                for r, n in self._all(
+                    "SELECT error_type, COUNT(*) AS n FROM all_rows WHERE status = 'incomplete' "
+                    "GROUP BY error_type ORDER BY n DESC, error_type"
                 )
             ],
             "pass_threshold": pass_threshold,
             "trajectories": self._trajectories(),
         }
-        now = time.monotonic()
-        self._summary_cache = ((version, pass_threshold, now, now - started), result)
-        return result
 
     def _trajectories(self) -> Optional[dict]:
         """The drift check over the rollouts (`nemo_gym.workbench.tokens`): `{"exact": n, "retokenized": n,
@@ -346,17 +407,23 @@ class RolloutQuery:
         for k = 1 .. the most rewarded rollouts of a task (averaged over the tasks that have at least k)."""
         label = "agent" if len(self.indexes) == 1 else "file || ':' || COALESCE(agent, '')"
         stats: dict[str, dict] = {}
-        # "failed": no reward (a failures-file row, an error response, an unreadable line); a response cut short
-        # (status incomplete, e.g. max_output_tokens) still has its reward and is counted apart.
-        for name, rollouts, failed, incomplete, mean, tokens in self._all(
-            f"SELECT {label} AS a, SUM(source = 0), SUM(status NOT IN ('ok', 'incomplete')), "
-            f"SUM(status = 'incomplete'), AVG(CASE WHEN source = 0 THEN reward END), "
-            f"AVG(tokens) FROM all_rows GROUP BY a ORDER BY a"
+        # The outcome counts (`nemo_gym.rollouts.outcome`), as the reward profile's num_ok / num_incomplete /
+        # num_failed: "rollouts" are the rows of the rollouts file (ok and incomplete ones have a reward); a failed
+        # rollout is counted once however many failure lines it has; unreadable lines are no rollout of any agent.
+        for name, rollouts, ok, incomplete, mean, tokens in self._all(
+            f"SELECT {label} AS a, SUM(source = 0), SUM(status = 'ok'), SUM(status = 'incomplete'), "
+            f"AVG(CASE WHEN source = 0 THEN reward END), AVG(tokens) FROM all_rows WHERE status != 'unreadable' "
+            "GROUP BY a ORDER BY a"
         ):
             stats[name] = {
-                "agent": self._label(name), "rollouts": rollouts, "failed": failed, "incomplete": incomplete,
+                "agent": self._label(name), "rollouts": rollouts, "ok": ok, "incomplete": incomplete, "failed": 0,
                 "mean_reward": mean, "mean_tokens": tokens, "tasks": 0, "pass_at_k": [],
             }  # fmt: skip
+        for name, failed in self._all(
+            f"SELECT {label} AS a, COUNT(DISTINCT {_ROLLOUT_KEY}) FROM all_rows WHERE status = 'failed' GROUP BY a"
+        ):
+            if name in stats:
+                stats[name]["failed"] = failed
         # pass@k from (n rewarded, c passed) per task, counted in SQL: few distinct (n, c) pairs even for 1M rows.
         sums: dict[str, dict[int, list[float]]] = {}
         for name, n, c, tasks in self._all(

@@ -1,9 +1,13 @@
-// The viewer page: tabs, the rollouts table (sort, filter, pages), the detail pane, the repeats of a task, the
-// summary plots and the failures. Everything comes from the JSON API of the local server (nemo_gym/workbench/view).
+// The viewer page: tabs (each titled with its count), the rollouts table (sort, filter, pages), the detail pane,
+// the repeats of a task, the summary plots, and the incomplete and failed rollouts. Outcomes use the words of every
+// nemo_gym tool (nemo_gym/rollouts/outcome.py): ok, incomplete (verified, stopped early), failed (no usable result).
+// Everything comes from the JSON API of the local server (nemo_gym/workbench/view).
 "use strict";
 
 const $ = (sel) => document.querySelector(sel);
+// Status first (and sticky): it stays in view however narrow the window is.
 const COLUMNS = [
+  { key: "status", label: "status" },
   { key: "file", label: "file", multi: true },
   { key: "task", label: "task", num: true },
   { key: "rollout", label: "repeat", num: true },
@@ -12,15 +16,21 @@ const COLUMNS = [
   { key: "turns", label: "turns", num: true },
   { key: "tool_calls", label: "tool calls", num: true },
   { key: "tokens", label: "tokens", num: true },
-  { key: "status", label: "status" },
   { key: "trajectory", label: "trajectory", tokens: true },
   { key: "preview", label: "prompt", sortable: false },
 ];
 const PAGE = 50;
 const state = {
-  tab: "rollouts", sort: "line", desc: false, offset: 0, failOffset: 0, version: null, files: [],
+  tab: "rollouts", sort: "line", desc: false, offset: 0, version: null, files: [],
   selected: null, task: null, threshold: null, tokenData: false,
+  listOffset: { incomplete: 0, failed: 0 },
 };
+// The Incomplete and Failed tabs: one listing each, of the rows with that status.
+const LISTINGS = {
+  incomplete: { table: "#incomplete", info: "#i-page-info", prev: "#i-prev", next: "#i-next", reason: "reason", reward: true, empty: "no incomplete rollouts" },
+  failed: { table: "#failures", info: "#f-page-info", prev: "#f-prev", next: "#f-next", reason: "error type", message: true, empty: "no failed rollouts" },
+};
+const TAB_LISTING = { incomplete: "incomplete", failures: "failed" };
 
 // The table's columns: "file" only with several files, "trajectory" only when some rollout has token ids.
 function visibleColumns() {
@@ -52,14 +62,13 @@ async function refreshStatus() {
   const chips = st.files.map((f) => {
     const pct = f.bytes ? Math.floor((100 * f.indexed_bytes) / f.bytes) : 100;
     return el("span", { class: "file-chip", title: f.path },
-      `${f.name}: ${f.rollouts.toLocaleString()} rollouts`,
-      f.failures ? `, ${f.failures.toLocaleString()} failed` : "",
+      f.name,
+      f.bad_lines ? `, ${f.bad_lines.toLocaleString()} bad line${f.bad_lines === 1 ? "" : "s"} skipped` : "",
       pct < 100 ? ` (indexing ${pct}%)` : "",
       f.error ? el("span", { class: "tag" }, f.error) : null);
   });
   $("#files").replaceChildren(...chips);
-  const failures = st.files.reduce((n, f) => n + f.failures, 0);
-  $("#failure-count").textContent = failures ? failures.toLocaleString() : "";
+  renderOutcomes(st.outcomes);
   syncOptions($("#f-agent"), st.agents.map((a) => [a, a]));
   syncOptions($("#f-file"), st.files.map((f) => [String(f.file), f.name]));
   $("#f-file-label").hidden = !multiFile();
@@ -67,6 +76,26 @@ async function refreshStatus() {
   const first = state.version === null;
   state.version = st.version;
   return { changed, first };
+}
+
+// The header's sentence (the one the collector prints) and the counts in the tab titles.
+function renderOutcomes(o) {
+  const p = o.phrases;  // worded by the server, as the collector words them (OutcomeCounts)
+  $("#outcomes").replaceChildren(
+    `${o.total} rollout${o.total === 1 ? "" : "s"}: `,
+    el("span", { class: "status-ok" }, p.ok), ", ",
+    el("span", { class: o.incomplete ? "status-incomplete" : "" }, p.incomplete), ", ",
+    el("span", { class: o.failed ? "status-failed" : "" }, p.failed));
+  $("#outcomes").dataset.text = o.text;
+  setCount("#count-rollouts", o.total, "");
+  setCount("#count-incomplete", o.incomplete, "warn");
+  setCount("#count-failed", o.failed, "bad");
+}
+
+function setCount(sel, n, tone) {
+  const node = $(sel);
+  node.textContent = n == null ? "" : n.toLocaleString();
+  node.className = `count${n && tone ? " " + tone : ""}`;
 }
 
 function syncOptions(select, pairs) {
@@ -84,7 +113,7 @@ function filters() {
     min_reward: $("#f-min").value,
     max_reward: $("#f-max").value,
     agent: $("#f-agent").value,
-    failed: $("#f-failed").checked ? "true" : "",
+    status: $("#f-status").value,
     file: $("#f-file").value,
   };
 }
@@ -92,7 +121,7 @@ function filters() {
 function renderHead() {
   const cells = visibleColumns().map((c) => {
     const sortable = c.sortable !== false;
-    const cls = [c.num ? "num" : "", c.key === "preview" ? "preview" : "", sortable ? "sortable" : "", state.sort === c.key ? "sorted" : "",
+    const cls = [c.num ? "num" : "", ["preview", "status", "agent", "file"].includes(c.key) ? c.key : "", sortable ? "sortable" : "", state.sort === c.key ? "sorted" : "",
       state.sort === c.key && state.desc ? "desc" : ""].join(" ");
     return el("th", {
       class: cls, "data-key": c.key,
@@ -107,13 +136,18 @@ function renderHead() {
   $("#rollouts thead").replaceChildren(el("tr", {}, cells));
 }
 
+// A status cell: the outcome word in its colour, then the reason (incomplete, failed) in small type.
+function statusCell(r) {
+  const text = `${r.status}${r.error_type ? ": " + r.error_type : ""}`;
+  return el("td", { class: `status status-${r.status}`, title: text, "data-status": r.status },
+    r.status, r.error_type ? el("span", { class: "reason" }, r.error_type) : null);
+}
+
 function cell(c, r) {
-  if (c.key === "file") return el("td", {}, fileName(r.file));
+  if (c.key === "file") return el("td", { class: "file", title: fileName(r.file) }, fileName(r.file));
   if (c.key === "reward") return el("td", { class: "num" }, r.source === 1 ? "–" : fmtNumber(r.reward));
-  if (c.key === "status") {
-    const ok = r.status === "ok";
-    return el("td", { class: ok ? "status-ok" : "status-bad" }, ok ? "ok" : `${r.status}${r.error_type ? ": " + r.error_type : ""}`);
-  }
+  if (c.key === "status") return statusCell(r);
+  if (c.key === "agent") return el("td", { class: "agent", title: r.agent || "" }, r.agent ?? "");
   if (c.key === "trajectory") return el("td", {}, trajectoryBadge(r) || "–");
   if (c.key === "preview") return el("td", { class: "preview", title: r.preview || "" }, r.preview || "");
   if (c.num) return el("td", { class: "num" }, fmtNumber(r[c.key]));
@@ -169,6 +203,7 @@ async function selectRow(file, id) {
 async function showTask(file, task) {
   state.task = { file, task };
   $("#task-tab").hidden = false;
+  setCount("#count-task", null);
   switchTab("task");
 }
 
@@ -186,6 +221,7 @@ async function loadTask() {
     }
     if (data.total > data.rows.length) head.push(el("span", { class: "muted" }, `(showing ${data.rows.length})`));
     $("#task-head").replaceChildren(...head);
+    setCount("#count-task", data.total, "");
     const n = data.rows.length;
     $("#repeats").replaceChildren(...data.rows.map((d, i) => {
       const rank = n > 1 && i === 0 ? "best" : n > 1 && i === 1 ? "worst" : "";
@@ -213,19 +249,23 @@ async function loadSummary() {
     const series = s.agents.filter((a) => a.pass_at_k.length).map((a) => ({ name: a.agent, points: a.pass_at_k.map((p) => [p.k, p.value]) }));
     charts.push(series.length ? lineChart(`pass@k per agent (reward ≥ ${s.pass_threshold})`, series)
       : chartBox("pass@k per agent", el("p", { class: "muted" }, "no rewarded rollouts yet")));
-    charts.push(s.failures.length
-      ? barChart("failures by error type", s.failures.map((f) => ({ label: f.error_type, value: f.count, title: `${f.status}: ${f.error_type}: ${f.count}` })),
-        { color: "#c0392b", format: (v) => v.toLocaleString(), integer: true })
-      : chartBox("failures by error type", el("p", { class: "muted" }, "no failures")));
+    // Incomplete rollouts (amber: verified, a reward) and failed ones (red: no result), by reason.
+    const notOk = [
+      ...s.incomplete.map((f) => ({ label: f.reason, value: f.count, color: "#b7791f", title: `incomplete: ${f.reason}: ${f.count}` })),
+      ...s.failures.map((f) => ({ label: f.error_type, value: f.count, color: "#c0392b", title: `failed: ${f.error_type}: ${f.count}` })),
+    ];
+    charts.push(notOk.length
+      ? barChart("incomplete (amber) and failed (red) rollouts, by reason", notOk, { format: (v) => v.toLocaleString(), integer: true })
+      : chartBox("incomplete and failed rollouts, by reason", el("p", { class: "muted" }, "none: every rollout is ok")));
     $("#charts").replaceChildren(...charts);
     renderTrajectories(s.trajectories);
     const maxK = Math.max(0, ...s.agents.map((a) => a.pass_at_k.length));
     const ks = [...new Set([1, maxK])].filter((k) => k > 0);
     $("#agent-table").replaceChildren(
-      el("thead", {}, el("tr", {}, ["agent", "tasks", "rollouts", "failed", "incomplete", "mean reward", "mean tokens", ...ks.map((k) => `pass@${k}`)]
+      el("thead", {}, el("tr", {}, ["agent", "tasks", "rollouts", "ok", "incomplete", "failed", "mean reward", "mean tokens", ...ks.map((k) => `pass@${k}`)]
         .map((t, i) => el("th", { class: i ? "num" : "" }, t)))),
       el("tbody", {}, s.agents.map((a) => el("tr", {},
-        el("td", {}, a.agent), ...[a.tasks, a.rollouts, a.failed, a.incomplete, a.mean_reward, a.mean_tokens].map((v) => el("td", { class: "num" }, fmtNumber(v))),
+        el("td", {}, a.agent), ...[a.tasks, a.rollouts, a.ok, a.incomplete, a.failed, a.mean_reward, a.mean_tokens].map((v) => el("td", { class: "num" }, fmtNumber(v))),
         ...ks.map((k) => el("td", { class: "num" }, fmtNumber((a.pass_at_k[k - 1] || {}).value)))))));
   } catch (err) {
     problem($("#charts"), err);
@@ -247,27 +287,39 @@ function renderTrajectories(t) {
     reasons ? el("span", { class: "muted" }, ` (${reasons})`) : null);
 }
 
-// ---------------------------------------------------------------------------------------------------- failures
-async function loadFailures() {
+// ---------------------------------------------------------------------------------------------------- incomplete, failed
+async function loadListing(status) {
+  const spec = LISTINGS[status];
+  const offset = state.listOffset[status];
   try {
-    const data = await api("/api/failures", { offset: state.failOffset, limit: PAGE });
-    const heads = [...(multiFile() ? ["file"] : []), "task", "repeat", "agent", "status", "error type", "message"];
-    $("#failures thead").replaceChildren(el("tr", {}, heads.map((t) => el("th", {}, t))));
-    $("#failures tbody").replaceChildren(...data.rows.map((r) => el("tr", {
-      class: "failure-row",
+    const data = await api("/api/failures", { status, offset, limit: PAGE });
+    const heads = [...(multiFile() ? ["file"] : []), "status", "task", "repeat", "agent", ...(spec.reward ? ["reward"] : []),
+      spec.reason, ...(spec.message ? ["message"] : [])];
+    const numeric = new Set(["task", "repeat", "reward"]);
+    $(`${spec.table} thead`).replaceChildren(el("tr", {}, heads.map((t) => el("th", { class: numeric.has(t) ? "num" : "" }, t))));
+    $(`${spec.table} tbody`).replaceChildren(...data.rows.map((r) => el("tr", {
+      class: "listing-row",
       onclick: () => { switchTab("rollouts"); selectRow(r.file, r.id); },
     },
     multiFile() ? el("td", {}, fileName(r.file)) : null,
+    el("td", { class: `status-${r.status}` }, r.status),
     el("td", { class: "num" }, fmtNumber(r.task)), el("td", { class: "num" }, fmtNumber(r.rollout)), el("td", {}, r.agent || ""),
-    el("td", { class: "status-bad" }, r.status), el("td", {}, r.error_type || ""),
-    el("td", { style: "white-space: pre-wrap; min-width: 400px" }, r.message || ""))));
-    const end = Math.min(data.total, state.failOffset + data.rows.length);
-    $("#f-page-info").textContent = data.total ? `${state.failOffset + 1}–${end} of ${data.total}` : "no failures";
-    $("#f-prev").disabled = state.failOffset === 0;
-    $("#f-next").disabled = end >= data.total;
+    spec.reward ? el("td", { class: "num" }, fmtNumber(r.reward)) : null,
+    el("td", {}, r.error_type || ""),
+    spec.message ? el("td", { class: "message" }, r.message || "") : null)));
+    const end = Math.min(data.total, offset + data.rows.length);
+    const lines = data.total !== data.rollouts ? ` (${data.total.toLocaleString()} lines of ${data.rollouts.toLocaleString()} rollouts: one per attempt)` : "";
+    $(spec.info).textContent = data.total ? `${offset + 1}–${end} of ${data.total.toLocaleString()}${lines}` : spec.empty;
+    $(spec.prev).disabled = offset === 0;
+    $(spec.next).disabled = end >= data.total;
   } catch (err) {
-    problem($("#failures tbody"), err);
+    problem($(`${spec.table} tbody`), err);
   }
+}
+
+function pageListing(status, step) {
+  state.listOffset[status] = Math.max(0, state.listOffset[status] + step);
+  loadListing(status);
 }
 
 // ---------------------------------------------------------------------------------------------------- wiring
@@ -281,7 +333,7 @@ function switchTab(tab) {
 function reloadTab() {
   if (state.tab === "rollouts") return loadTable();
   if (state.tab === "summary") return loadSummary();
-  if (state.tab === "failures") return loadFailures();
+  if (TAB_LISTING[state.tab]) return loadListing(TAB_LISTING[state.tab]);
   if (state.tab === "task") return loadTask();
 }
 
@@ -294,16 +346,17 @@ function onFilter() {
 function wire() {
   for (const b of document.querySelectorAll("#tabs button")) b.addEventListener("click", () => switchTab(b.dataset.tab));
   for (const id of ["#f-text", "#f-min", "#f-max"]) $(id).addEventListener("input", onFilter);
-  for (const id of ["#f-agent", "#f-file", "#f-failed"]) $(id).addEventListener("change", onFilter);
+  for (const id of ["#f-agent", "#f-file", "#f-status"]) $(id).addEventListener("change", onFilter);
   $("#f-clear").addEventListener("click", () => {
-    for (const id of ["#f-text", "#f-min", "#f-max", "#f-agent", "#f-file"]) $(id).value = "";
-    $("#f-failed").checked = false;
+    for (const id of ["#f-text", "#f-min", "#f-max", "#f-agent", "#f-file", "#f-status"]) $(id).value = "";
     onFilter();
   });
   $("#prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); loadTable(); });
   $("#next").addEventListener("click", () => { state.offset += PAGE; loadTable(); });
-  $("#f-prev").addEventListener("click", () => { state.failOffset = Math.max(0, state.failOffset - PAGE); loadFailures(); });
-  $("#f-next").addEventListener("click", () => { state.failOffset += PAGE; loadFailures(); });
+  for (const [status, spec] of Object.entries(LISTINGS)) {
+    $(spec.prev).addEventListener("click", () => pageListing(status, -PAGE));
+    $(spec.next).addEventListener("click", () => pageListing(status, PAGE));
+  }
   $("#threshold").addEventListener("change", () => {
     const v = parseFloat($("#threshold").value);
     state.threshold = Number.isFinite(v) ? v : null;

@@ -33,7 +33,7 @@ function ticks(max, integer = false) {
   return out;
 }
 
-// bars: [{label, value, title?}]; opts: {max, format, color, integer (counts: whole-number ticks)}
+// bars: [{label, value, title?, color?}]; opts: {max, format, color, integer (counts: whole-number ticks)}
 function barChart(title, bars, opts = {}) {
   const W = 420, H = 220, left = 44, bottom = 46, top = 12, right = 10;
   const axis = ticks(opts.max ?? Math.max(0, ...bars.map((b) => b.value || 0)), opts.integer);
@@ -51,7 +51,7 @@ function barChart(title, bars, opts = {}) {
     const h = max ? (plotH * Math.max(0, b.value || 0)) / max : 0;
     const x = left + i * slot + slot * 0.12;
     const rect = svg("rect", {
-      x, y: top + plotH - h, width: Math.max(1, slot * 0.76), height: h, fill: opts.color || PALETTE[0], rx: 2,
+      x, y: top + plotH - h, width: Math.max(1, slot * 0.76), height: h, fill: b.color || opts.color || PALETTE[0], rx: 2,
     });
     rect.append(svg("title", {}, b.title || `${b.label}: ${fmt(b.value)}`));
     root.append(rect);

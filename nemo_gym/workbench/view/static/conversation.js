@@ -182,7 +182,12 @@ function rolloutNode(data, opts = {}) {
     parts.push(el("div", { class: "error-box" }, `line ${info.line} is not a JSON object: `, el("pre", {}, String(data.row))));
     return el("div", { class: "rollout" }, parts);
   }
-  if (info.status !== "ok") {
+  if (info.status === "incomplete") {
+    // Not a failure: verified (its reward is above) and kept in the output, but cut short.
+    parts.push(el("div", { class: "warn-box" },
+      el("strong", {}, `incomplete: ${info.error_type || "no reason given"}`),
+      " · the response stopped early; it was verified and has a reward (ng export leaves it out unless --include-incomplete)"));
+  } else if (info.status !== "ok") {
     const fields = isFailure
       ? Object.fromEntries(Object.entries(data.row).filter(([k, v]) => !FAILURE_KEYS.has(k) && v != null))
       : {};
