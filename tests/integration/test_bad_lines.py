@@ -12,7 +12,6 @@ tests/fixtures/stack) and then given a broken line.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -21,55 +20,24 @@ from pathlib import Path
 import httpx
 import pytest
 
-from nemo_gym.testing.script import answer_rule
-from nemo_gym.testing.stack import ChildProcess, FakeLLMBackend, NgRunStack, fake_llm_overrides
+from nemo_gym.testing.stack import ChildProcess
 from tests.conftest import FIXTURE_STACK, free_port
+from tests.integration.answer_stack import collected_answers, read_jsonl
 
 NG = [sys.executable, "-m", "nemo_gym.cli"]
-COLLECT = [sys.executable, "-c", "from nemo_gym.cli import collect_rollouts; collect_rollouts()"]
 ANSWERS = {"capital of Italy": ("Rome", "Rome"), "capital of France": ("Lyon", "Paris"), "say hi": ("hi", "hi")}
 BAD_LINE_NO = 3
 BAD_LINE = '{"_ng_task_index": 1, "_ng_rollout_index": 0, "reward": 1.0, "response": {"output": ['
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory) -> Path:
     """Rollouts collected by a real stack (3 tasks x 2 repeats), the stack stopped again."""
     tmp = tmp_path_factory.mktemp("bad_lines")
-    script = write_jsonl(tmp / "script.jsonl", [answer_rule(q, a) for q, (a, _) in ANSWERS.items()])
-    tasks = [
-        {"responses_create_params": {"input": [{"role": "user", "content": q}]}, "expected_answer": expected}
-        for q, (_, expected) in ANSWERS.items()
-    ]
-    write_jsonl(tmp / "tasks.jsonl", tasks)
-    head_port = free_port()
-    with FakeLLMBackend("--script", str(script)) as backend:
-        overrides = fake_llm_overrides(["configs/reverify.yaml"], backend.base_url, head_port)
-        stack = NgRunStack(overrides, cwd=FIXTURE_STACK)
-        try:
-            stack.wait_for("All 3 / 3 servers ready!", timeout=180)
-            collect = ChildProcess(
-                [
-                    *COLLECT, f"+head_server.port={head_port}", "+agent_name=answer_agent",
-                    f"+input_jsonl_fpath={tmp / 'tasks.jsonl'}", f"+output_jsonl_fpath={tmp / 'rollouts.jsonl'}",
-                    "+num_repeats=2", "+progress_bar=false",
-                ],
-                cwd=tmp,
-            )  # fmt: skip
-            assert collect.wait(timeout=300) == 0, collect.output
-        finally:
-            assert stack.stop(timeout=60) == 0, stack.tail()
-    assert len(read_jsonl(tmp / "rollouts.jsonl")) == 6
-    return tmp / "rollouts.jsonl"
+    with collected_answers(tmp, ANSWERS) as (rollouts, _):
+        pass
+    assert len(read_jsonl(rollouts)) == 6
+    return rollouts
 
 
 @pytest.fixture

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-from nemo_gym.testing.script import answer_rule
-from nemo_gym.testing.stack import ChildProcess, FakeLLMBackend, NgRunStack, fake_llm_overrides
-from tests.conftest import FIXTURE_STACK, free_port
+from nemo_gym.testing.stack import ChildProcess
+from tests.conftest import FIXTURE_STACK
+from tests.integration.answer_stack import collected_answers, read_jsonl
 
-COLLECT = [sys.executable, "-c", "from nemo_gym.cli import collect_rollouts; collect_rollouts()"]
 REVERIFY = [sys.executable, "-c", "from nemo_gym.cli import reverify; reverify()"]
 NG = [sys.executable, "-m", "nemo_gym.cli"]
 T, R, PREV = "_ng_task_index", "_ng_rollout_index", "_ng_previous_reward"
@@ -39,15 +37,6 @@ QUESTIONS = {
 }
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def question_of(row: dict) -> str:
     return row["responses_create_params"]["input"][0]["content"]
 
@@ -55,35 +44,8 @@ def question_of(row: dict) -> str:
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory):
     """Rollouts collected with the strict checker; yields (rollouts path, head port of the still running stack)."""
-    tmp = tmp_path_factory.mktemp("reverify")
-    script = write_jsonl(tmp / "script.jsonl", [answer_rule(q, a) for q, (a, _) in QUESTIONS.items()])
-    tasks = [
-        {"responses_create_params": {"input": [{"role": "user", "content": q}]}, "expected_answer": expected}
-        for q, (_, expected) in QUESTIONS.items()
-    ]
-    write_jsonl(tmp / "tasks.jsonl", tasks)
-    head_port = free_port()
-    with FakeLLMBackend("--script", str(script)) as backend:
-        overrides = fake_llm_overrides(["configs/reverify.yaml"], backend.base_url, head_port)
-        stack = NgRunStack(overrides, cwd=FIXTURE_STACK)
-        try:
-            stack.wait_for("All 3 / 3 servers ready!", timeout=180)
-            collect = ChildProcess(
-                [
-                    *COLLECT,
-                    f"+head_server.port={head_port}",
-                    "+agent_name=answer_agent",
-                    f"+input_jsonl_fpath={tmp / 'tasks.jsonl'}",
-                    f"+output_jsonl_fpath={tmp / 'rollouts.jsonl'}",
-                    "+num_repeats=2",
-                    "+progress_bar=false",
-                ],
-                cwd=tmp,
-            )
-            assert collect.wait(timeout=300) == 0, collect.output
-            yield tmp / "rollouts.jsonl", head_port
-        finally:
-            assert stack.stop(timeout=60) == 0, stack.tail()
+    with collected_answers(tmp_path_factory.mktemp("reverify"), QUESTIONS) as found:
+        yield found
 
 
 def test_collected_rewards_are_case_sensitive(collected):
