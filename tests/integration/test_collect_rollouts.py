@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from nemo_gym.testing.stack import ChildProcess, NgRunStack, server_instances
+from nemo_gym.testing.stack import ChildProcess, FakeLLMBackend, NgRunStack, server_instances
 from tests.conftest import FIXTURE_STACK, free_port, wait_http_ok
 
 SCRIPT = FIXTURE_STACK / "scripts" / "collect.jsonl"
@@ -241,24 +241,14 @@ def test_the_terminal_summary_counts_incomplete_rollouts(tmp_path):
         [row("please add 2", 1, 3), row("please add 1", 0, 5), row("please add 1", 2, 3),
          row("please explain at length", 4, 4), row("please add 2, explaining at length", 0, 2)],
     )  # fmt: skip
-    port = free_port()
-    backend = subprocess.Popen(
-        [sys.executable, "-m", "nemo_gym.testing.fake_openai_server", "--port", str(port), "--script", str(script)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_http_ok(f"http://127.0.0.1:{port}/health", timeout=60)
+    with FakeLLMBackend("--script", str(script)) as backend:
         head_port = free_port()
-        stack = start_stack(f"http://127.0.0.1:{port}/v1", head_port)
+        stack = start_stack(backend.base_url, head_port)
         try:
             collect = ChildProcess(collect_args(head_port, tmp_path, "+progress_bar=false"), cwd=tmp_path)
             assert collect.wait(timeout=300) == 0, collect.output  # incomplete is not a failure
         finally:
             assert stack.stop(timeout=60) == 0, stack.output
-    finally:
-        backend.terminate()
-        backend.wait(timeout=10)
 
     assert "5 rollouts: 3 ok, 2 incomplete (max_output_tokens), 0 failed." in collect.output, collect.output
     assert "they have a reward and are kept in the output" in collect.output
