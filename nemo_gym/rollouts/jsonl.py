@@ -188,19 +188,14 @@ def read_rows(
     to the caller (`bad_lines.check()`), for a caller that checks all rows first and reports every problem at once.
     `limit` stops after that many rows (bad lines do not count)."""
     rows = 0
-    for path, lineno, raw in _numbered_lines(paths):
-        text = raw.strip()
-        if not text:
-            continue
-        try:
-            row = parse_row(text)
-        except NotAnObject as exc:
-            detail = exc.detail if raw.endswith(b"\n") else "; ".join(filter(None, (exc.detail, _NO_NEWLINE)))
-            bad_lines.add(BadLine(str(path), lineno, exc.reason, detail))
+    for path, lineno, raw, text, parsed in _parsed_lines(paths):
+        if isinstance(parsed, NotAnObject):
+            detail = parsed.detail if raw.endswith(b"\n") else "; ".join(filter(None, (parsed.detail, _NO_NEWLINE)))
+            bad_lines.add(BadLine(str(path), lineno, parsed.reason, detail))
             continue
         if settle and bad_lines.refusing:
             continue
-        yield Row(path, lineno, row, text)
+        yield Row(path, lineno, parsed, text)
         rows += 1
         if limit is not None and rows >= limit:
             break
@@ -208,11 +203,18 @@ def read_rows(
         bad_lines.check()
 
 
-def _numbered_lines(paths: Iterable[Path]) -> Iterator[tuple[Path, int, bytes]]:
+def _parsed_lines(paths: Iterable[Path]) -> Iterator[tuple[Path, int, bytes, bytes, Union[dict, NotAnObject]]]:
+    """(path, line number, the line, stripped, its row or why it is not one) for each non-blank line of `paths`."""
     for path in paths:
         with open(path, "rb") as f:
             for lineno, raw in enumerate(f, start=1):
-                yield path, lineno, raw
+                text = raw.strip()
+                if not text:
+                    continue
+                try:
+                    yield path, lineno, raw, text, parse_row(text)
+                except NotAnObject as exc:
+                    yield path, lineno, raw, text, exc
 
 
 def iter_jsonl_objects(
@@ -220,15 +222,10 @@ def iter_jsonl_objects(
 ) -> Iterator[dict]:
     """The JSON objects of a JSONL file, in order, skipping bad lines: each calls `on_bad()` (and
     `on_bad_line("<path>:<line>: <reason>")`). For the framework's own files; the rollouts commands use `read_rows`."""
-    for _, lineno, line in _numbered_lines([path]):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            row = parse_row(line)
-        except NotAnObject as exc:
+    for _, lineno, _, _, parsed in _parsed_lines([path]):
+        if isinstance(parsed, NotAnObject):
             on_bad()
             if on_bad_line is not None:
-                on_bad_line(BadLine(str(path), lineno, exc.reason).where())
+                on_bad_line(BadLine(str(path), lineno, parsed.reason).where())
             continue
-        yield row
+        yield parsed
