@@ -45,6 +45,9 @@ class E2ERolloutCollectionConfig(BaseNeMoGymCLIConfig):
     num_repeats: Optional[Union[int, dict[str, int]]] = Field(
         default=None, description="Rollouts per row (null = 1), or per agent: {agent_name: n, _default: n}."
     )
+    num_repeats_add_seed: bool = Field(
+        default=False, description="Set responses_create_params.seed to the rollout index of each repeat."
+    )
     num_samples_in_parallel: Optional[int] = Field(default=None, description="Maximum rollouts in flight.")
     responses_create_params: dict[str, Any] = Field(
         default_factory=dict, description="Merged over every row's responses_create_params."
@@ -117,6 +120,7 @@ def e2e_collect_rollouts(params: E2ERolloutCollectionConfig, cfg: Any) -> int:
             input_jsonl_fpath=str(input_path),
             output_jsonl_fpath=str(output),
             num_repeats=params.num_repeats,
+            num_repeats_add_seed=params.num_repeats_add_seed,
             num_samples_in_parallel=params.num_samples_in_parallel,
             responses_create_params=params.responses_create_params,
             limit=params.limit,

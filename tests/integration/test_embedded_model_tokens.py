@@ -33,7 +33,8 @@ def test_training_mode_rollouts_export_as_exact_token_trajectories(tmp_path):
     rollouts_path = tmp_path / "rollouts.jsonl"
     collect = subprocess.run(
         [*COLLECT, "+config_paths=[configs/quickstart.yaml]", "+split=example", f"+output_jsonl_fpath={rollouts_path}",
-         f"+head_server.port={free_port()}", "+responses_create_params.max_output_tokens=96", *TRAINING],
+         f"+head_server.port={free_port()}", "+responses_create_params.max_output_tokens=96",
+         "+num_repeats=1", *TRAINING],  # each task once (the quickstart config repeats them)
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
     )
     assert collect.returncode == 0, collect.stdout[-4000:] + collect.stderr[-4000:]

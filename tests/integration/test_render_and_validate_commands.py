@@ -16,7 +16,7 @@ from nemo_gym.config_types import ConfigInterpolationError, ConfigPathNotFoundEr
 from tests.conftest import REPO_ROOT
 
 EXAMPLE_RS_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
-AGENT = "example_single_tool_call_simple_agent.responses_api_agents.simple_agent"
+AGENT = "weather_tool_use_simple_agent.responses_api_agents.simple_agent"  # the quickstart's agent
 
 
 def command(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -129,7 +129,7 @@ def test_validate_the_quickstart_config(tmp_path):
     result = command("validate", "+config_paths=[configs/quickstart.yaml]", cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr
     assert "Config OK: 3 server(s)" in result.stdout
-    servers = ("policy_model", "example_single_tool_call_resources_server", "example_single_tool_call_simple_agent")
+    servers = ("policy_model", "weather_tool_use_resources_server", "weather_tool_use_simple_agent")
     for server in servers:
         assert server in result.stdout
     assert "placeholder" not in result.stdout
@@ -146,15 +146,15 @@ def test_validate_reports_a_misspelled_server_ref_with_the_right_name(tmp_path):
     result = command(
         "validate",
         "+config_paths=[configs/quickstart.yaml]",
-        f"+{AGENT}.resources_server.name=example_single_tool_call_resource_server",
+        f"+{AGENT}.resources_server.name=weather_tool_use_resource_server",
         cwd=REPO_ROOT,
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     first = result.stderr.splitlines()[0]
     assert first.startswith("error: ng_validate: ")
-    assert "`example_single_tool_call_resource_server`" in first
-    assert "Did you mean `example_single_tool_call_resources_server`?" in first
+    assert "`weather_tool_use_resource_server`" in first
+    assert "Did you mean `weather_tool_use_resources_server`?" in first
 
 
 def test_validate_lists_every_missing_or_broken_file_and_unknown_key_at_once(tmp_path):
