@@ -45,8 +45,8 @@ from pydantic import Field
 from nemo_gym.config.types import BaseNeMoGymCLIConfig
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.rollouts.collection import ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
-from nemo_gym.rollouts.outcome import FAILED, INCOMPLETE, OutcomeCounts, line_outcome
 from nemo_gym.rollouts.jsonl import SKIP_BAD_LINES_HELP, BadLines, read_rows
+from nemo_gym.rollouts.outcome import FAILED, INCOMPLETE, OutcomeCounts, line_outcome
 from nemo_gym.workbench.conversation import (
     ChatOptions,
     Unusable,
