@@ -68,7 +68,14 @@ from pydantic import Field, ValidationError, field_validator
 from nemo_gym.config.types import AGENT_SERVER_TYPE, BaseNeMoGymCLIConfig, format_validation_errors
 from nemo_gym.errors import NeMoGymConfigError, NeMoGymStackError, did_you_mean
 from nemo_gym.rollouts.jsonl import iter_jsonl_objects
-from nemo_gym.rollouts.outcome import FAILED, INCOMPLETE_NOTE, Outcome, OutcomeCounts, rollout_outcome
+from nemo_gym.rollouts.outcome import (
+    FAILED,
+    INCOMPLETE_NOTE,
+    Outcome,
+    OutcomeCounts,
+    failures_path_for,
+    rollout_outcome,
+)
 from nemo_gym.rollouts.row_keys import FinishedRollouts, RolloutKeySpace, TaskIndexMap
 from nemo_gym.rollouts.skills import SkillsConfig
 from nemo_gym.servers.model_call_capture import (
@@ -270,7 +277,7 @@ class CollectionPaths:
 
     @property
     def failures(self) -> Path:
-        return _with_stem_suffix(self.output, "_failures", ".jsonl")
+        return failures_path_for(self.output)
 
     @property
     def reward_profiling(self) -> Path:
