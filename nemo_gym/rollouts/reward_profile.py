@@ -579,8 +579,9 @@ def _profile_stores(
         outcome = rollout_outcome(rollout)
         summary.outcomes.add(outcome)
         outcomes.add(task, outcome.kind)
-        if outcome.kind == FAILED and failure_key(rollout) is not None:
-            failed_keys.add(failure_key(rollout))
+        key = failure_key(rollout) if outcome.kind == FAILED else None
+        if key is not None:
+            failed_keys.add(key)
     failed_by_agent = _count_failures(failures, summary, failed_keys)
     summary.agent_outcomes = {agent: {**dict.fromkeys(OUTCOMES, 0), FAILED: k} for agent, k in failed_by_agent.items()}
     n = store.count
