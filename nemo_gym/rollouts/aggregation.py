@@ -7,7 +7,9 @@ large payloads (`response` but its `usage`, `responses_create_params`, observati
 group_level_metrics}`, one entry per agent.
 
 `ng_aggregate_rollouts` (`gym eval aggregate`, `RolloutAggregationConfig`) does the same step later, over the shards
-a glob names, against a running stack.
+a glob names, against a running stack. It reads the shards under the rollouts commands' bad-lines policy
+(`nemo_gym.rollouts.jsonl`): a line that is not a JSON object refuses the run (exit 2, nothing merged) unless
+`--skip-bad-lines`.
 
 Only successful rollouts (the output file) are aggregated: failures, judge failures included, are not scores.
 An agent that cannot aggregate (an old agent without the route, an error in a custom `compute_metrics`) costs
@@ -20,14 +22,14 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union
 
 from pydantic import Field, field_validator
 
 from nemo_gym.config.types import BaseNeMoGymCLIConfig
-from nemo_gym.rollouts.jsonl import iter_jsonl_objects
+from nemo_gym.rollouts.jsonl import SKIP_BAD_LINES_HELP, BadLines, iter_jsonl_objects, read_rows
 
 __all__ = [
     "RolloutAggregationConfig",
@@ -174,6 +176,7 @@ class RolloutAggregationConfig(BaseNeMoGymCLIConfig):
         description="The merged rollouts file (with merge_shards) and the stem of <stem>_aggregate_metrics.json."
     )
     merge_shards: bool = Field(default=True, description="Write the sorted concatenation to output_jsonl_fpath.")
+    skip_bad_lines: bool = Field(default=False, description=SKIP_BAD_LINES_HELP)
 
     @field_validator("input_glob", mode="before")
     @classmethod
@@ -226,21 +229,31 @@ class AggregationInputs:
     duplicates: int = 0
     declared_failures: int = 0
     unindexed: int = 0
-    unreadable: int = 0
+    bad_lines: BadLines = field(default_factory=BadLines)
+
+    @property
+    def unreadable(self) -> int:
+        """Lines that are not JSON objects (skipped under `--skip-bad-lines`; otherwise the read was refused)."""
+        return self.bad_lines.count
 
 
-def load_sorted_rollouts(files: list[Path], skipped_files: Optional[list[Path]] = None) -> AggregationInputs:
+def load_sorted_rollouts(
+    files: list[Path], skipped_files: Optional[list[Path]] = None, *, skip_bad_lines: bool = False
+) -> AggregationInputs:
     """Every rollout of `files`, sorted by (task, rollout) index; a (agent, task, rollout) seen in an earlier file is a
     duplicate and dropped (its agent's /aggregate_metrics would refuse it); lines without both indices are counted
-    and dropped (v0.5's aggregation needs them)."""
-    inputs = AggregationInputs(rollouts=[], files=files, skipped_files=list(skipped_files or []))
+    and dropped (v0.5's aggregation needs them). A line that is not a JSON object refuses the read
+    (`BadLinesRefused`, exit 2, naming `file:line`) unless `skip_bad_lines`, as `ng merge` and `ng export` do: a shard's
+    torn line would otherwise be a rollout silently missing from the merged file and from the metrics."""
+    inputs = AggregationInputs(
+        rollouts=[], files=files, skipped_files=list(skipped_files or []),
+        bad_lines=BadLines(skip=skip_bad_lines, not_done="nothing was merged or aggregated"),
+    )
     seen: set[tuple] = set()
 
-    def bad() -> None:
-        inputs.unreadable += 1
-
     for path in files:
-        for row in iter_jsonl_objects(path, on_bad=bad):
+        for found in read_rows([path], inputs.bad_lines, settle=False):
+            row = found.row
             task, rollout = row.get("_ng_task_index"), row.get("_ng_rollout_index")
             if not isinstance(task, int) or not isinstance(rollout, int):
                 inputs.unindexed += 1
@@ -254,12 +267,17 @@ def load_sorted_rollouts(files: list[Path], skipped_files: Optional[list[Path]] 
                 continue
             seen.add(key)
             inputs.rollouts.append(row)
+    inputs.bad_lines.check()  # every file read, so the refusal names all bad lines
     inputs.rollouts.sort(key=lambda r: (r["_ng_task_index"], r["_ng_rollout_index"]))
     return inputs
 
 
-def aggregate_rollouts_from_config(config: RolloutAggregationConfig, *, server_client: Any) -> int:
-    """The body of ng_aggregate_rollouts; returns the exit code (1 when some agent gave no metrics)."""
+def aggregate_rollouts_from_config(
+    config: RolloutAggregationConfig, *, server_client: Any = None, connect: Optional[Callable[[], Any]] = None
+) -> int:
+    """The body of ng_aggregate_rollouts; returns the exit code (1 when some agent gave no metrics). The client of the
+    running stack is `server_client`, or made by `connect()` once the files have been read (so bad input is refused
+    without a stack, and a missing stack is reported before anything is written)."""
     import asyncio
 
     import orjson
@@ -270,7 +288,7 @@ def aggregate_rollouts_from_config(config: RolloutAggregationConfig, *, server_c
     if output.is_dir():
         raise NeMoGymConfigError(f"+output_jsonl_fpath={output} is a folder; give a file path, e.g. {output / 'all.jsonl'}.")
     files, skipped = expand_input_globs(config.input_glob, exclude=output if config.merge_shards else None)
-    inputs = load_sorted_rollouts(files, skipped)
+    inputs = load_sorted_rollouts(files, skipped, skip_bad_lines=config.skip_bad_lines)
     out = sys.stdout
     out.write(f"Read {len(inputs.rollouts)} rollouts from {len(files)} file(s).\n")
     if skipped:
@@ -279,15 +297,17 @@ def aggregate_rollouts_from_config(config: RolloutAggregationConfig, *, server_c
         (inputs.duplicates, "duplicate rollout(s) (same agent, task and rollout index as an earlier line) dropped"),
         (inputs.declared_failures, "result(s) that declare a failure (_ng_failure_class) left out: not scores"),
         (inputs.unindexed, "line(s) without _ng_task_index / _ng_rollout_index dropped"),
-        (inputs.unreadable, "unreadable line(s) skipped"),
     ):
         if count:
             sys.stderr.write(f"Warning: {count} {what}.\n")
+    inputs.bad_lines.warn_skipped("ng_aggregate_rollouts")
     if not inputs.rollouts:
         raise NeMoGymConfigError(
             f"no rollouts to aggregate in {', '.join(map(str, files))}: the files hold no line with "
             "_ng_task_index and _ng_rollout_index."
         )
+    if server_client is None:
+        server_client = connect()
     output.parent.mkdir(parents=True, exist_ok=True)
     if config.merge_shards:
         tmp = output.with_name(output.name + ".tmp")

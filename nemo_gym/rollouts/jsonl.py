@@ -4,12 +4,12 @@ hand-edited row.
 A *bad line* is a non-empty line that is not valid JSON or not a JSON object (`parse_row` decides, for every reader);
 a blank line is skipped silently. Two ways to meet one:
 
-- The commands that read rollouts files (`ng view`, `ng export`, `ng reverify`, `ng merge`) share one policy,
-  `BadLines`: by default they refuse (exit 2 before any output is written, naming each `file:line` and the parse
-  error); with `--skip-bad-lines` they skip the lines, list them on stderr and count them in their summary. Why refuse
-  by default: a skipped line is a rollout that silently goes missing from the training data, the merge or the
-  re-scoring. `read_rows` reads files under that policy.
-- Readers of the framework's own files (the collector's resume, reward profiling, aggregation) skip and count them
+- The commands that read rollouts files (`ng view`, `ng export`, `ng reverify`, `ng merge`, `ng aggregate`) share
+  one policy, `BadLines`: by default they refuse (exit 2 before any output is written, naming each `file:line` and
+  the parse error); with `--skip-bad-lines` they skip the lines, list them on stderr and count them in their summary.
+  Why refuse by default: a skipped line is a rollout that silently goes missing from the training data, the merge,
+  the metrics or the re-scoring. `read_rows` reads files under that policy.
+- Readers of the framework's own files (the collector's resume, reward profiling) skip and count them
   (`iter_jsonl_objects`), warning with the first `file:line`.
 """
 

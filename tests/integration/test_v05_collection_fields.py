@@ -164,6 +164,25 @@ def test_aggregate_rollouts_over_shards_matches_the_collectors_metrics(stack, tm
     assert ours[0]["key_metrics"] == theirs[0]["key_metrics"]
     assert "Skipped 1 companion file(s)" in aggregate.output
 
+    # A shard torn mid-line (its writer died): refused by default, naming the line, with nothing merged; with
+    # --skip-bad-lines, the line is named on stderr and the rest aggregates as before.
+    before = (tmp_path / "all.jsonl").read_bytes()
+    shard = tmp_path / "shards" / "s2.jsonl"
+    with open(shard, "a") as f:
+        f.write('{"_ng_task_index": 7, "_ng_rollout_index": 0, "rew')
+    torn_line = len(shard.read_text().splitlines())
+    common = [*AGGREGATE, f"+head_server.port={head_port}", f"+input_glob={tmp_path / 'shards'}/*.jsonl",
+              f"+output_jsonl_fpath={tmp_path / 'all.jsonl'}"]
+    refused = ChildProcess(common, cwd=tmp_path)
+    assert refused.wait(timeout=300) == 2, refused.output
+    assert f"{shard}:{torn_line}: not valid JSON" in refused.output
+    assert "nothing was merged or aggregated" in refused.output and "--skip-bad-lines" in refused.output
+    assert (tmp_path / "all.jsonl").read_bytes() == before
+    skipped = ChildProcess([*common, "--skip-bad-lines"], cwd=tmp_path)
+    assert skipped.wait(timeout=300) == 0, skipped.output
+    assert f"{shard}:{torn_line}" in skipped.output and "skipped 1 bad line" in skipped.output
+    assert [(r[T], r[R]) for r in read_jsonl(tmp_path / "all.jsonl")] == [(r[T], r[R]) for r in merged]
+
     missing = ChildProcess([*AGGREGATE, f"+head_server.port={head_port}", f"+input_glob={tmp_path}/nope*.jsonl",
                             f"+output_jsonl_fpath={tmp_path / 'x.jsonl'}"], cwd=tmp_path)
     assert missing.wait(timeout=120) == 2, missing.output

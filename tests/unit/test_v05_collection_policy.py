@@ -30,6 +30,7 @@ from nemo_gym.rollouts.collection import (
     run_from_config,
 )
 from nemo_gym.http.client import ServerClient
+from nemo_gym.rollouts.jsonl import BadLinesRefused
 from nemo_gym.rollouts.merge import merge_shards
 from nemo_gym.testing.live_server import live_server
 from nemo_gym.workbench.export import ExportConfig, export_rollouts
@@ -394,3 +395,16 @@ def test_viewer_indexes_a_v05_run_and_shows_its_lines_unchanged(tmp_path):
     assert shown[A] == 1 and shown["skills_ref"]["hash"] == "h" and shown["agent_ref"] == {"name": "agent"}
     _, failure_line = query.row(0, failed[1]["id"])
     assert json.loads(failure_line)["_ng_failure_terminal"] is False
+
+
+def test_aggregation_refuses_a_torn_shard_line_unless_told_to_skip_it(tmp_path):
+    a = v05_run(tmp_path / "a", range(0, 4), failures=[])
+    with open(a, "a") as f:
+        f.write('{"_ng_task_index": 9, "_ng_rollout_index": 0, "reward"')  # torn: the writer died mid-line
+    with pytest.raises(BadLinesRefused) as refused:
+        load_sorted_rollouts([a])
+    message = str(refused.value)
+    assert message.startswith(f"{a}:5: not valid JSON"), message
+    assert "nothing was merged or aggregated" in message and "--skip-bad-lines" in message
+    inputs = load_sorted_rollouts([a], skip_bad_lines=True)
+    assert [r[T] for r in inputs.rollouts] == [0, 1, 2, 3] and inputs.unreadable == 1

@@ -12,11 +12,13 @@ def run(config) -> int:
     from nemo_gym.http.client import ServerClient
     from nemo_gym.rollouts.aggregation import aggregate_rollouts_from_config
 
-    try:
-        client = ServerClient.load_from_global_config(get_head_server_config(config.global_config))
-    except ValueError as exc:  # no stack on that port: one line, exit 1
-        raise NeMoGymStackError(str(exc)) from None
-    return aggregate_rollouts_from_config(config, server_client=client)
+    def connect() -> ServerClient:
+        try:
+            return ServerClient.load_from_global_config(get_head_server_config(config.global_config))
+        except ValueError as exc:  # no stack on that port: one line, exit 1
+            raise NeMoGymStackError(str(exc)) from None
+
+    return aggregate_rollouts_from_config(config, connect=connect)
 
 
 COMMAND = Command(
