@@ -75,6 +75,7 @@ from nemo_gym.rollouts.collection import (
 )
 from nemo_gym.rollouts.failure_routing import NG_FAILURE_JUDGE_ERROR_KEY, declared_failure
 from nemo_gym.rollouts.jsonl import SKIP_BAD_LINES_HELP, BadLines, iter_jsonl_objects, read_rows
+from nemo_gym.rollouts.outcome import INCOMPLETE_NOTE
 from nemo_gym.rollouts.row_keys import FinishedRollouts, RolloutKeySpace
 
 __all__ = [
@@ -784,6 +785,10 @@ def _report(
     if bad_lines.count:
         parts.append(bad_lines.summary())
     print("; ".join(parts) + ".")
+    if counts.outcomes.total:  # the rows of this run (not those kept from an earlier one), in the collector's words
+        print(counts.outcomes.describe("new rollout" if counts.cached else "rollout") + ".")
+        if counts.outcomes.incomplete:
+            print(INCOMPLETE_NOTE)
     if done:
         print_diff(reward_diff(paths.output, config.num_changed_rows_shown))
     if counts.failed:

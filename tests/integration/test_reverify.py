@@ -108,6 +108,7 @@ def test_changed_verifier_started_from_config_paths_diff_failures_and_resume(col
     assert f"task {france_task}, rollout 0: 0.0000 -> 1.0000" in first.output
     assert f"task {france_task}, rollout 1: 0.0000 -> 1.0000" in first.output
     assert "2 rollout(s) could not be re-verified (2 HTTPError)" in first.output
+    assert "10 rollouts: 8 ok, 0 incomplete, 2 failed (HTTPError)." in first.output  # the collector's words
 
     # Resume with empty answers graded again: keep 5 rows (marked), drop 3, leave a torn line.
     kept, dropped = rows[:5], rows[5:]
@@ -118,6 +119,7 @@ def test_changed_verifier_started_from_config_paths_diff_failures_and_resume(col
     assert second.wait(timeout=300) == 0, second.output
     assert "Removed a torn last line" in second.output
     assert "Re-verified 10 / 10 rollouts" in second.output and "5 from an earlier run, 5 new" in second.output
+    assert "5 new rollouts: 5 ok, 0 incomplete, 0 failed." in second.output
     final = read_jsonl(out)
     assert sorted((r[T], r[R]) for r in final) == sorted(by_key)  # every row once, none twice
     assert sum(1 for r in final if r.get("kept_from_first_run")) == 5
@@ -133,6 +135,7 @@ def test_changed_verifier_started_from_config_paths_diff_failures_and_resume(col
     assert third.wait(timeout=300) == 0, third.output
     assert "Re-verified 10 / 10 rollouts" in third.output and "10 from an earlier run, 0 new" in third.output
     assert "Started" not in third.output and "Rewards changed in 4 of 10 rollouts." in third.output
+    assert " ok, " not in third.output  # nothing re-verified in this run: no outcome line
     assert read_jsonl(out) == final
 
 
