@@ -1,7 +1,8 @@
 """openai_model: forwards `/v1/responses` and `/v1/chat/completions` to any OpenAI-compatible endpoint.
 
 The request (only the keys the caller set) is merged over `extra_body`, `model` is forced to `openai_model`, and the
-upstream answer is returned as it came. Upstream errors come back with the upstream status and message; 429 and
+upstream answer is returned as it came. A Responses request's `seed` is dropped (OpenAI's Responses API refuses it)
+unless `extra_body` has a `seed` key: then the request's seed, or else that one, is sent. Upstream errors come back with the upstream status and message; 429 and
 5xx are retried with backoff by the client (bounded).
 
 Streaming (`"stream": true`) is passed through: the upstream is called with `stream: true` and its server-sent
@@ -69,11 +70,16 @@ class SimpleModelServer(SimpleResponsesAPIModel):
         except NeMoGymOpenAIError as exc:
             return _json_response({"error": {"upstream_status": exc.status, "message": exc.body}}, exc.status)
 
-    async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> Response:
+    def _responses_params(self, body: Any) -> dict:
+        """`_params` for the Responses API, which has no `seed` at OpenAI (it refuses the key): a request's seed (e.g.
+        from `num_repeats_add_seed`) is sent only when `extra_body` names `seed`, for upstreams that take it."""
         params = self._params(body)
-        # The official OpenAI Responses API has no `seed`; other upstreams take it through extra_body.
-        params.pop("seed", None)
-        return await self._forward(self.client.create_response, params)
+        if "seed" not in self.config.extra_body:
+            params.pop("seed", None)
+        return params
+
+    async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> Response:
+        return await self._forward(self.client.create_response, self._responses_params(body))
 
     async def chat_completions(self, body: NeMoGymChatCompletionCreateParamsNonStreaming = Body()) -> Response:
         return await self._forward(self.client.create_chat_completion, self._params(body))
@@ -83,9 +89,7 @@ class SimpleModelServer(SimpleResponsesAPIModel):
     async def stream_responses(
         self, body: NeMoGymResponseCreateParamsNonStreaming, request: Request
     ) -> AsyncIterator[dict]:
-        params = self._params(body)
-        params.pop("seed", None)
-        async for payload in self._stream("responses", params):
+        async for payload in self._stream("responses", self._responses_params(body)):
             yield payload
 
     async def stream_chat_completions(

@@ -119,3 +119,26 @@ async def test_extra_body_is_merged_under_the_request(upstream):
                 model="ignored", messages=[{"role": "user", "content": "x"}], temperature=0.7
             )
     assert seen[0]["top_k"] == 5 and seen[0]["temperature"] == 0.7 and seen[0]["model"] == "served-model"
+
+
+@pytest.mark.parametrize("extra_body, sent", [({}, None), ({"seed": 0}, 3)])
+async def test_a_responses_seed_goes_upstream_only_when_extra_body_names_seed(extra_body, sent):
+    seen = []
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def record(request):
+        seen.append(await request.json())
+        return JSONResponse({"id": "r", "object": "response", "created_at": 0, "model": "m", "status": "completed",
+                             "output": [], "parallel_tool_calls": True, "tool_choice": "auto", "tools": []})
+
+    with live_server(Starlette(routes=[Route("/v1/responses", record, methods=["POST"])])) as up:
+        with openai_model(f"{up}/v1", extra_body=extra_body) as url:
+            async with httpx.AsyncClient() as client:
+                r = await client.post(f"{url}/v1/responses", json={"input": "hi", "seed": 3})
+                assert r.status_code == 200, r.text
+                r = await client.post(f"{url}/v1/responses", json={"input": "hi"})
+                assert r.status_code == 200, r.text
+    assert seen[0].get("seed") == sent
+    assert seen[1].get("seed") == extra_body.get("seed")  # no seed in the request: extra_body's, if any
