@@ -35,10 +35,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from floor_stack import start_floor, stop_floor
-from floor_vs_stack import role
-from rollout_throughput import AGENT, CONFIGS, REPO, drive, load_row
+from floor_vs_stack import running_stack
+from rollout_throughput import drive, load_row
 
-from nemo_gym.testing.stack import FakeLLMBackend, NgRunStack, cpu_seconds, fake_llm_overrides, free_port, server_instances
+from nemo_gym.testing.stack import FakeLLMBackend, cpu_seconds
 
 # (area, substring of perf's shared-object name); the first match wins.
 AREAS = [
@@ -137,23 +137,17 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
 
     row = load_row()
-    head_port = free_port()
     with FakeLLMBackend("--tool-args", '{"city": "Oslo"}') as backend:
         floor = start_floor(backend.url)
-        stack = None
         try:
             floor_procs = {p: psutil.Process(floor[p].proc.pid) for p in PROCESSES}
             floor_result = record("floor", floor["url"], floor_procs, row, args.rollouts, args.in_flight, out_dir)
-            stack = NgRunStack(fake_llm_overrides(CONFIGS, backend.base_url, head_port), cwd=REPO)
-            stack.wait_for("servers ready!", timeout=180)
-            instances = server_instances(head_port)
-            url = next(i["url"] for i in instances if i["process_name"] == AGENT) + "/run"
-            stack_procs = {role(i["process_name"]): psutil.Process(i["pid"]) for i in instances}
-            stack_result = record("stack", url, stack_procs, row, args.rollouts, args.in_flight, out_dir)
         finally:
             stop_floor(floor)
-            if stack is not None:
-                stack.stop(timeout=60)
+        with running_stack(backend) as servers:
+            stack_procs = {name: psutil.Process(server["pid"]) for name, server in servers.items()}
+            stack_result = record("stack", servers["agent"]["url"] + "/run", stack_procs, row, args.rollouts,
+                                  args.in_flight, out_dir)
     print(f"{args.rollouts} rollouts at {args.in_flight} in flight; CPU ms per rollout (user+system of each server "
           f"process, split by where perf's samples fell); floor = perf/floor_stack.py")
     print(table(floor_result, stack_result))

@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 
@@ -86,6 +88,19 @@ def times(a: float, b: float) -> str:
 
 def role(process_name: str) -> str:
     return "agent" if process_name == AGENT else "model" if "model" in process_name else "resources"
+
+
+@contextlib.contextmanager
+def running_stack(backend: FakeLLMBackend) -> Iterator[dict[str, dict]]:
+    """The real stack (`ng_run` of CONFIGS) against the fake LLM `backend`, ready; yields the head server's record
+    (url, pid, ...) of each server by role ("agent", "model", "resources"), and stops the stack on exit."""
+    head_port = free_port()
+    stack = NgRunStack(fake_llm_overrides(CONFIGS, backend.base_url, head_port), cwd=REPO)
+    try:
+        stack.wait_for("servers ready!", timeout=180)
+        yield {role(i["process_name"]): i for i in server_instances(head_port)}
+    finally:
+        stack.stop(timeout=60)
 
 
 def main() -> None:

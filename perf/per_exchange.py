@@ -28,12 +28,11 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from floor_stack import Pool
-from floor_vs_stack import role
-from rollout_throughput import CONFIGS, REPO
+from floor_vs_stack import running_stack
 
 from nemo_gym.http.client import ServerClient
 from nemo_gym.http.lean_client import LeanClient
-from nemo_gym.testing.stack import ChildProcess, FakeLLMBackend, NgRunStack, cpu_seconds, fake_llm_overrides, free_port, server_instances
+from nemo_gym.testing.stack import ChildProcess, FakeLLMBackend, cpu_seconds, free_port
 
 WEATHER = orjson.dumps({"city": "Oslo"})
 COOKIE = {"ExampleServer___res": "eyJzZXNzaW9uX2lkIjoiMTIzNDU2Nzg5MGFiY2RlZjEyMzQ1Njc4OTBhYmNkZWYifQ."
@@ -102,19 +101,13 @@ def main() -> None:
     port = free_port()
     floor = ChildProcess([sys.executable, str(Path(__file__).parent / "floor_stack.py"), "resources", "--port", str(port)],
                          name="floor resources")
-    head_port = free_port()
     try:
         floor.wait_for("floor server ready", timeout=30)
-        with FakeLLMBackend() as backend:
-            stack = NgRunStack(fake_llm_overrides(CONFIGS, backend.base_url, head_port), cwd=REPO)
-            try:
-                stack.wait_for("servers ready!", timeout=180)
-                resources = next(i for i in server_instances(head_port) if role(i["process_name"]) == "resources")
-                targets = {"floor": (f"http://127.0.0.1:{port}", psutil.Process(floor.proc.pid)),
-                           "ours": (resources["url"], psutil.Process(resources["pid"]))}
-                lines = asyncio.run(server_side(targets, args.requests))
-            finally:
-                stack.stop(timeout=60)
+        with FakeLLMBackend() as backend, running_stack(backend) as servers:
+            resources = servers["resources"]
+            targets = {"floor": (f"http://127.0.0.1:{port}", psutil.Process(floor.proc.pid)),
+                       "ours": (resources["url"], psutil.Process(resources["pid"]))}
+            lines = asyncio.run(server_side(targets, args.requests))
         lines += asyncio.run(client_side(port, args.requests))
     finally:
         floor.stop()

@@ -22,10 +22,10 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from floor_vs_stack import role
-from rollout_throughput import CONFIGS, REPO, drive, load_row
+from floor_vs_stack import running_stack
+from rollout_throughput import drive, load_row
 
-from nemo_gym.testing.stack import FakeLLMBackend, NgRunStack, fake_llm_overrides, free_port, server_instances
+from nemo_gym.testing.stack import FakeLLMBackend
 
 # (area, substring of a frame's "function (file:line)" text); the first match from the leaf upwards wins.
 AREAS = [
@@ -91,30 +91,22 @@ def main() -> None:
     out_dir = args.keep or Path(tempfile.mkdtemp(prefix="ng_profile_"))
     out_dir.mkdir(parents=True, exist_ok=True)
     row = load_row()
-    head_port = free_port()
-    with FakeLLMBackend("--tool-args", '{"city": "Oslo"}') as backend:
-        stack = NgRunStack(fake_llm_overrides(CONFIGS, backend.base_url, head_port), cwd=REPO)
-        try:
-            stack.wait_for("servers ready!", timeout=180)
-            instances = server_instances(head_port)
-            url = next(i["url"] for i in instances if role(i["process_name"]) == "agent") + "/run"
-            asyncio.run(drive(url, row, 300, args.in_flight))  # warm-up
-            spies = {}
-            for instance in instances:
-                name = role(instance["process_name"])
-                spies[name] = subprocess.Popen(
-                    ["py-spy", "record", "--pid", str(instance["pid"]), "--rate", str(args.rate), "--nonblocking",
-                     "--format", "raw", "--output", str(out_dir / f"{name}.txt")],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                )
-            asyncio.run(drive(url, row, 50, 1))  # let py-spy attach
-            wall, _, failures = asyncio.run(drive(url, row, args.rollouts, args.in_flight))
-            for spy in spies.values():
-                spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
-            for spy in spies.values():
-                spy.wait(timeout=60)
-        finally:
-            stack.stop(timeout=60)
+    with FakeLLMBackend("--tool-args", '{"city": "Oslo"}') as backend, running_stack(backend) as servers:
+        url = servers["agent"]["url"] + "/run"
+        asyncio.run(drive(url, row, 300, args.in_flight))  # warm-up
+        spies = {}
+        for name, instance in servers.items():
+            spies[name] = subprocess.Popen(
+                ["py-spy", "record", "--pid", str(instance["pid"]), "--rate", str(args.rate), "--nonblocking",
+                 "--format", "raw", "--output", str(out_dir / f"{name}.txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        asyncio.run(drive(url, row, 50, 1))  # let py-spy attach
+        wall, _, failures = asyncio.run(drive(url, row, args.rollouts, args.in_flight))
+        for spy in spies.values():
+            spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
+        for spy in spies.values():
+            spy.wait(timeout=60)
 
     print(f"{args.rollouts} rollouts at {args.in_flight} in flight: {args.rollouts / wall:.0f} rollouts/s, "
           f"{failures} failures; stacks in {out_dir}")
