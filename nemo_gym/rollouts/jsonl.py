@@ -9,7 +9,7 @@ a blank line is skipped silently. Two ways to meet one:
   the parse error); with `--skip-bad-lines` they skip the lines, list them on stderr and count them in their summary.
   Why refuse by default: a skipped line is a rollout that silently goes missing from the training data, the merge,
   the metrics or the re-scoring. `read_rows` reads files under that policy.
-- Readers of the framework's own files (the collector's resume, reward profiling) skip and count them
+- Readers of the framework's own files (the collector's resume, reward profiling, its aggregation) skip and count them
   (`iter_jsonl_objects`), warning with the first `file:line`.
 """
 

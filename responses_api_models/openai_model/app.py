@@ -2,8 +2,8 @@
 
 The request (only the keys the caller set) is merged over `extra_body`, `model` is forced to `openai_model`, and the
 upstream answer is returned as it came. A Responses request's `seed` is dropped (OpenAI's Responses API refuses it)
-unless `extra_body` has a `seed` key: then the request's seed, or else that one, is sent. Upstream errors come back with the upstream status and message; 429 and
-5xx are retried with backoff by the client (bounded).
+unless `extra_body` has a `seed` key: then the request's seed, or else that one, is sent. Upstream errors come back
+with the upstream status and message; 429 and 5xx are retried with backoff by the client (bounded).
 
 Streaming (`"stream": true`) is passed through: the upstream is called with `stream: true` and its server-sent
 events (Responses events, chat chunks) go to the client as they come (`serving/stream_adapter.py`; `/v1/messages`
