@@ -118,38 +118,32 @@ def main() -> None:
     levels = [int(x) for x in args.in_flight.split(",") if x]
 
     row = load_row()
-    head_port = free_port()
     with FakeLLMBackend("--tool-args", '{"city": "Oslo"}', "--latency-ms", str(args.latency_ms)) as backend:
         backend_proc = psutil.Process(backend.proc.pid)
         floors = {"floor": start_floor(backend.url, pool=args.pool)}
-        stack = None
         try:
             if not args.no_streams_floor:
                 floors["streams"] = start_floor(backend.url, pool=args.pool, script=floor_stack_streams.__file__)
-            stack = NgRunStack(fake_llm_overrides(CONFIGS, backend.base_url, head_port), cwd=REPO)
-            stack.wait_for("servers ready!", timeout=180)
-            instances = server_instances(head_port)
-            runs = {name: (f["url"], {n: psutil.Process(f[n].proc.pid) for n in ("agent", "model", "resources")}, f)
-                    for name, f in floors.items()}
-            runs["stack"] = (next(i["url"] for i in instances if i["process_name"] == AGENT) + "/run",
-                             {role(i["process_name"]): psutil.Process(i["pid"]) for i in instances}, None)
-            for url, _, _ in runs.values():  # warm-up
-                asyncio.run(drive(url, row, 200, 16))
-            results = []
-            for level in levels:
-                total = max(args.sequential or args.rollouts, 1) if level == 1 else max(args.rollouts, level)
-                samples: dict = {name: [] for name in runs}
-                for _ in range(args.repeats):
-                    for name, (url, procs, floor) in runs.items():
-                        samples[name].append(measure(procs, backend_proc, url, row, total, level, floor))
-                        time.sleep(0.5)
-                results.append({"level": level, "total": total, **{n: median_run(s) for n, s in samples.items()}})
-                print(f"  done: {level} in flight", file=sys.stderr, flush=True)
+            with running_stack(backend) as servers:
+                runs = {name: (f["url"], {n: psutil.Process(f[n].proc.pid) for n in ("agent", "model", "resources")}, f)
+                        for name, f in floors.items()}
+                runs["stack"] = (servers["agent"]["url"] + "/run",
+                                 {name: psutil.Process(s["pid"]) for name, s in servers.items()}, None)
+                for url, _, _ in runs.values():  # warm-up
+                    asyncio.run(drive(url, row, 200, 16))
+                results = []
+                for level in levels:
+                    total = max(args.sequential or args.rollouts, 1) if level == 1 else max(args.rollouts, level)
+                    samples: dict = {name: [] for name in runs}
+                    for _ in range(args.repeats):
+                        for name, (url, procs, floor) in runs.items():
+                            samples[name].append(measure(procs, backend_proc, url, row, total, level, floor))
+                            time.sleep(0.5)
+                    results.append({"level": level, "total": total, **{n: median_run(s) for n, s in samples.items()}})
+                    print(f"  done: {level} in flight", file=sys.stderr, flush=True)
         finally:
             for floor in floors.values():
                 stop_floor(floor)
-            if stack is not None:
-                stack.stop(timeout=60)
 
     streams = "streams" in floors
 
