@@ -130,6 +130,16 @@ class GlobalKeys(BaseNeMoGymCLIConfig):
         description="The largest request body a server reads; larger ones are answered 413 (a server block may "
         "set its own).",
     )
+    max_request_head_bytes: int = Field(
+        default=64 * 1024,
+        description="The largest request line and headers a server reads; larger ones are answered 431 (a server "
+        "block may set its own).",
+    )
+    request_head_timeout_s: float = Field(
+        default=60.0,
+        description="Seconds a server waits for a request's headers once they began; then 408 (a server block may "
+        "set its own).",
+    )
     observability_enabled: bool = Field(
         default=False,
         description="Calls made for a rollout carry /ng-rollout/<rollout id> in their path, and model servers write "

@@ -293,8 +293,12 @@ class BaseRunServerConfig(BaseServerConfig):
     scheduling_strategy: Optional[Literal["SPREAD", "DEFAULT"]] = None
     max_restarts: Optional[int] = Field(default=None, ge=-1)
     # The largest request body this server reads (bytes); larger ones are answered 413 before they are buffered
-    # (nemo_gym/serving/private_api.py). None: the global `max_request_body_bytes`, else 32 MiB.
+    # (nemo_gym/serving/limits.py). None: the global `max_request_body_bytes`, else 32 MiB.
     max_request_body_bytes: Optional[int] = Field(default=None, ge=1)
+    # The largest request line and headers (bytes; else 431), and how long they may take to arrive once begun
+    # (seconds; else 408). None: the global keys of these names, else 64 KiB and 60 s (nemo_gym/serving/limits.py).
+    max_request_head_bytes: Optional[int] = Field(default=None, ge=1)
+    request_head_timeout_s: Optional[float] = Field(default=None, gt=0)
 
 
 class BaseRunServerInstanceConfig(BaseRunServerConfig):

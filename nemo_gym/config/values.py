@@ -52,3 +52,21 @@ def byte_count(cfg: Any, key: str, default: int, *, limits: str) -> int:
             f"Remove it for the default ({default} bytes)."
         )
     return value
+
+
+def seconds(cfg: Any, key: str, default: float, *, limits: str) -> float:
+    """The positive number of seconds under `key` (absent, null or empty: `default`); anything else is a
+    `NeMoGymConfigError` naming the key, what it limits and the default, as `byte_count` does for sizes."""
+    value = config_get(cfg, key, default)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = float(text) if text else default
+        except ValueError:
+            value = None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise NeMoGymConfigError(
+            f"`{key}` must be a positive number of seconds ({limits}), got {config_get(cfg, key)!r}. "
+            f"Remove it for the default ({default} s)."
+        )
+    return float(value)

@@ -41,6 +41,7 @@ from nemo_gym.config.values import config_get, truthy
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.http.client import NeMoGymHTTPError, ServerClient, get_response_json, raise_for_status
 from nemo_gym.serving.errors import NeMoGymExceptionMiddleware, eprint, validation_error_handler
+from nemo_gym.serving.limits import request_limits
 from nemo_gym.serving.logs import (
     HideOkAccessLogFilter,
     LinePrefixingWriter,
@@ -310,7 +311,7 @@ class SimpleServer(BaseServer):
             server_cls=type(self),
             global_config_dict=global_config_dict,
             show_200_ok=show_200_ok,
-            max_request_body_bytes=getattr(self.config, "max_request_body_bytes", None),
+            limits=request_limits(global_config_dict, self.config),
         )
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["read_body", "replay_body", "BodyLimit", "too_large_body"]
+from nemo_gym.serving.limits import too_large_body
+
+__all__ = ["read_body", "replay_body", "BodyLimit"]
 
 
 async def read_body(receive: Any) -> bytes:
@@ -39,14 +41,6 @@ def replay_body(body: bytes, receive: Any) -> Callable[[], Any]:
         return await receive()
 
     return replay
-
-
-def too_large_body(size: str, limit: int) -> bytes:
-    """The 413 answer's JSON body: one line that says what to change."""
-    return (
-        f'{{"detail":"request body too large: {size} over this server\'s limit of {limit} bytes '
-        f'(max_request_body_bytes in the server\'s config block, or globally)"}}'
-    ).encode()
 
 
 class BodyLimit:

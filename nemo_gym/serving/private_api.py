@@ -5,8 +5,9 @@ Everything else in nemo_gym uses those libraries' public API only. What is here,
 - **uvicorn's httptools protocol, made cheaper** (`CoalescingHttpToolsProtocol`, `NeMoGymHttpProtocol`): a
   subclass of `uvicorn.protocols.http.httptools_impl.HttpToolsProtocol` that overrides its callbacks and reads
   its attributes (`cycle`, `parser`, `scope`, `headers`, `flow`, `pipeline`, `tasks`, `server_state`, ...), and
-  builds uvicorn's `RequestResponseCycle` for requests it hands back. It also refuses request bodies over the
-  server's limit before buffering them (413). See "The protocol" below.
+  builds uvicorn's `RequestResponseCycle` for requests it hands back. It also holds every request to the server's
+  limits (`serving/limits.py`): a body over its size is refused before it is buffered (413), a head over its size
+  (431) or not complete in time (408) too. See "The protocol" below.
 - **uvicorn's multi-process supervisor** (`Multiprocess`, `STARTUP_FAILURE`) and the count of requests in flight
   (`Server.server_state.tasks`).
 - **FastAPI's reading of a route** (`APIRoute.dependant`, `DefaultPlaceholder`,
@@ -38,7 +39,9 @@ Three things, each measured on the rollout hot path (`perf/floor_vs_stack.py`):
   plain FastAPI); anything unusual is served by uvicorn's own cycle.
 - **One keep-alive timer per idle period.** uvicorn arms a timer after every response and cancels it when the
   next request arrives; here the timer stays armed and re-arms itself until the connection has really been idle
-  for `timeout_keep_alive`.
+  for `timeout_keep_alive`. The same timer is armed when a connection opens (uvicorn arms none until a first
+  answer, so a connection that never sends a whole request stayed open for ever) and ends a request whose head
+  is not complete within the head timeout.
 
 uvicorn's parsing, flow control, pipelining and shutdown stay its own.
 """
@@ -47,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
@@ -70,12 +72,12 @@ try:
 except ImportError:  # uvicorn < 0.32 keeps it in uvicorn.main
     from uvicorn.main import STARTUP_FAILURE
 
-from nemo_gym.serving.body import too_large_body
+from nemo_gym.serving.limits import RequestLimits, head_too_large_body, head_too_slow_body, too_large_body
 
 __all__ = [
     "CoalescingHttpToolsProtocol",
     "NeMoGymHttpProtocol",
-    "protocol_with_body_limit",
+    "protocol_with_limits",
     "Multiprocess",
     "STARTUP_FAILURE",
     "requests_in_flight",
@@ -88,12 +90,8 @@ __all__ = [
 ]
 
 FLUSH_AT_BYTES = 64 * 1024
-_MAX_BODY_ENV_VAR = "NEMO_GYM_MAX_REQUEST_BODY_BYTES"
-
-
-def _max_body_from_env() -> Optional[int]:
-    value = os.environ.get(_MAX_BODY_ENV_VAR, "")
-    return int(value) if value.isdigit() else None
+# The limits of this process (`protocol_with_limits`), or of the parent that started it as a uvicorn worker.
+_LIMITS = RequestLimits.from_env()
 
 
 class _CoalescingTransport:
@@ -175,11 +173,18 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
     access logger has handlers). Everything else is uvicorn's, untouched. The direct path is off when uvicorn limits
     concurrency or serves under a root path.
 
-    Every request, direct or not, is held to `max_body` bytes (`protocol_with_body_limit`): a `Content-Length` over
-    it is answered 413 once the body has gone by, none of it kept (so a client still sending reads the answer, not a
-    reset connection); a chunked body that grows past it is answered 413 and the connection closed."""
+    Every request, direct or not, is held to the server's limits (`protocol_with_limits`):
+    - a `Content-Length` over `max_body` is answered 413 once the body has gone by, none of it kept (so a client
+      still sending reads the answer, not a reset connection); a chunked body that grows past it is answered 413 and
+      the connection closed;
+    - a head (request line and headers) over `max_head` bytes is answered 431 and the connection closed: a whole
+      head at once, one still arriving as soon as the reads after the one it began in pass the limit (so at most
+      one socket read more is looked at, and httptools' joining of a header's pieces stays bounded);
+    - a head not complete `head_timeout` seconds after it began is answered 408 and the connection closed."""
 
-    max_body: ClassVar[Optional[int]] = _max_body_from_env()
+    max_body: ClassVar[Optional[int]] = _LIMITS.max_body
+    max_head: ClassVar[Optional[int]] = _LIMITS.max_head
+    head_timeout: ClassVar[Optional[float]] = _LIMITS.head_timeout_s
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -195,8 +200,22 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         self.hot_routes: Optional[HotRoutes] = app if direct else None
         self.idle_since: Optional[float] = None  # when the last response finished; None while a request is open
         self.keep_alive_timer: Optional[asyncio.TimerHandle] = None
+        # The head being read: whether one is, since when, and the bytes of the reads after the one it began in
+        # (`head_first`: that read's size, an upper bound of the head's part in it).
+        self.head_open = False
+        self.head_started = 0.0
+        self.head_size = 0
+        self.head_first = 0
+        self._read_size = 0
+        timeout = self.head_timeout
+        self._timer_period = self.timeout_keep_alive if timeout is None else min(self.timeout_keep_alive, timeout)
 
     # -- keep-alive: one timer per idle period (the module docstring) -------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.idle_since = self.loop.time()  # a connection that never sends a request is closed like an idle one
+        self.keep_alive_timer = self.loop.call_later(self._timer_period, self._keep_alive_due)
 
     def _unset_keepalive_if_required(self) -> None:
         self.idle_since = None
@@ -218,15 +237,24 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
             return
         self.idle_since = self.loop.time()
         if self.keep_alive_timer is None:
-            self.keep_alive_timer = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_due)
+            self.keep_alive_timer = self.loop.call_later(self._timer_period, self._keep_alive_due)
 
     def _keep_alive_due(self) -> None:
         self.keep_alive_timer = None
-        if self.idle_since is None or self.transport.is_closing():
-            return  # busy (the next response re-arms) or gone
-        left = self.idle_since + self.timeout_keep_alive - self.loop.time()
+        if self.transport.is_closing():
+            return
+        now = self.loop.time()
+        if self.idle_since is None:  # busy: answering (the response re-arms), or reading a head (its deadline)
+            if self.head_open and self.head_timeout is not None:
+                left = self.head_started + self.head_timeout - now
+                if left > 0:
+                    self.keep_alive_timer = self.loop.call_later(left, self._keep_alive_due)
+                else:
+                    self._refuse_head(408, head_too_slow_body(self.head_timeout))
+            return
+        left = self.idle_since + self.timeout_keep_alive - now
         if left > 0:
-            self.keep_alive_timer = self.loop.call_later(left, self._keep_alive_due)
+            self.keep_alive_timer = self.loop.call_later(min(left, self._timer_period), self._keep_alive_due)
         else:
             self.timeout_keep_alive_handler()
 
@@ -236,7 +264,46 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
             self.keep_alive_timer = None
         super().connection_lost(exc)
 
+    # -- the head: its size and its time (the class docstring) --------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        size = self._read_size = len(data)
+        if self.head_open:  # this read continues a head
+            self.head_size += size
+        super().data_received(data)
+        if self.head_open and self.max_head is not None and self.head_size > self.max_head:
+            self._refuse_head(431, head_too_large_body(self.max_head))
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.head_open = True
+        self.head_started = self.loop.time()
+        self.head_size = 0
+        self.head_first = self._read_size
+
+    def _head_size_over(self, limit: int) -> bool:
+        """Whether the head just read, added up exactly, is over `limit` (asked only when the reads it came in could
+        hold that much)."""
+        return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > limit
+
+    def _refuse_head(self, status: int, body: bytes) -> None:
+        """Answer `status` with `body` and close (just close when an earlier request of this connection is still
+        being answered: answering now would answer out of order)."""
+        self.head_open = False
+        cycle = self.cycle
+        if self.pipeline or (cycle is not None and not cycle.response_complete):
+            self.transport.close()
+            return
+        refused = _RefusedCycle(self, self.scope, status, body)
+        self.cycle = refused  # type: ignore[assignment]
+        refused.answer()
+
     def on_headers_complete(self) -> None:
+        self.head_open = False
+        head_limit = self.max_head
+        if head_limit is not None and self.head_first + self.head_size > head_limit and self._head_size_over(head_limit):
+            self._refuse_head(431, head_too_large_body(head_limit))
+            return
         limit = self.max_body
         cycle = self.cycle
         if limit is not None:
@@ -246,7 +313,9 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
                         if cycle is not None and not cycle.response_complete:  # pipelined behind an open answer
                             self.transport.close()  # answering now would answer out of order
                             return
-                        self.cycle = _RefusedCycle(self, self.scope, int(value), limit)  # type: ignore[assignment]
+                        refused = _RefusedCycle(self, self.scope, 413, too_large_body(f"{int(value)} bytes", limit),
+                                                limit)
+                        self.cycle = refused  # type: ignore[assignment]
                         return
                     break
         hot_routes = self.hot_routes
@@ -298,7 +367,9 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         if self.pipeline:
             self.transport.close()
             return
-        refused = _RefusedCycle(self, self.scope, size, self.max_body or 0)
+        limit = self.max_body or 0
+        size_text = f"{size} bytes" if size is not None else f"more than {limit} bytes"
+        refused = _RefusedCycle(self, self.scope, 413, too_large_body(size_text, limit), limit)
         self.cycle = refused  # type: ignore[assignment]
         refused.answer()
 
@@ -467,20 +538,26 @@ class _DirectCycle:
 
 
 class _RefusedCycle(_DirectCycle):
-    """A request whose body is over the server's limit: its bytes are counted and dropped, then 413."""
+    """A request refused for a limit (`status`, a JSON `answer_body`); the connection closes after the answer. A
+    body over its limit is first counted and dropped as it arrives (`discard`), so the client reads the 413."""
 
-    __slots__ = ("declared", "limit", "discarded")
+    __slots__ = ("status", "answer_body", "limit", "discarded")
 
     # A client that keeps sending long after its refusal is cut off here (multiples of the limit).
     DISCARD_FACTOR = 4
 
-    def __init__(self, protocol: NeMoGymHttpProtocol, scope: dict, declared: Optional[int], limit: int) -> None:
+    def __init__(self, protocol: NeMoGymHttpProtocol, scope: dict, status: int, answer_body: bytes,
+                 limit: int = 0) -> None:
         super().__init__(protocol, scope, None, keep_alive=False)
         if "method" not in scope:  # refused before uvicorn read the request line into the scope
-            scope["method"] = protocol.parser.get_method().decode("ascii")
+            try:
+                scope["method"] = protocol.parser.get_method().decode("ascii")
+            except Exception:  # noqa: BLE001 - the request line is not read yet (a head timed out early)
+                scope["method"] = "-"
             scope["path"], _, query = protocol.url.decode("latin-1").partition("?")
             scope["query_string"] = query.encode("latin-1")
-        self.declared = declared
+        self.status = status
+        self.answer_body = answer_body
         self.limit = limit
         self.discarded = 0
 
@@ -490,20 +567,17 @@ class _RefusedCycle(_DirectCycle):
             self.answer()
 
     def answer(self) -> None:
-        size = f"{self.declared} bytes" if self.declared is not None else f"more than {self.limit} bytes"
-        body = too_large_body(size, self.limit)
         headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-        self.respond(413, headers, body)
+        self.respond(self.status, headers, self.answer_body)
 
 
-def protocol_with_body_limit(limit: Optional[int]) -> type[NeMoGymHttpProtocol]:
-    """`NeMoGymHttpProtocol`, holding every request body to `limit` bytes (None: no limit) in this process and in
-    the uvicorn workers it starts (they import this module afresh and read the limit from the environment)."""
-    NeMoGymHttpProtocol.max_body = limit
-    if limit is None:
-        os.environ.pop(_MAX_BODY_ENV_VAR, None)
-    else:
-        os.environ[_MAX_BODY_ENV_VAR] = str(limit)
+def protocol_with_limits(limits: RequestLimits) -> type[NeMoGymHttpProtocol]:
+    """`NeMoGymHttpProtocol`, holding every request to `limits` in this process and in the uvicorn workers it
+    starts (they import this module afresh and read the limits from the environment)."""
+    NeMoGymHttpProtocol.max_body = limits.max_body
+    NeMoGymHttpProtocol.max_head = limits.max_head
+    NeMoGymHttpProtocol.head_timeout = limits.head_timeout_s
+    limits.export_to_env()
     return NeMoGymHttpProtocol
 
 
@@ -631,7 +705,7 @@ def check_compatibility() -> list[str]:
             problems.append(f"uvicorn: RequestResponseCycle() no longer takes {name}=")
     if not callable(getattr(RequestResponseCycle, "run_asgi", None)):
         problems.append("uvicorn: RequestResponseCycle.run_asgi is gone")
-    if 500 not in STATUS_LINE or 413 not in STATUS_LINE:
+    if any(status not in STATUS_LINE for status in (408, 413, 431, 500)):
         problems.append("uvicorn: STATUS_LINE no longer maps status codes to status lines")
 
     async def probe(request: Request) -> None:

@@ -15,10 +15,10 @@ from typing import Any, Iterator, Optional
 
 from fastapi import FastAPI
 
-from nemo_gym.config.values import byte_count
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.serving.errors import NeMoGymExceptionMiddleware, eprint
 from nemo_gym.serving.body import BodyLimit
+from nemo_gym.serving.limits import RequestLimits, request_limits
 from nemo_gym.serving.logs import ACCESS_LOGGER_NAME, install_access_log_filter
 from nemo_gym.serving.sessions import SessionCookieMiddleware, export_session_secret_to_env
 from nemo_gym.serving.workers import WORKER_APP_FACTORY, export_worker_env
@@ -32,14 +32,7 @@ __all__ = [
     "DEFAULT_OPEN_FILES_SOFT_LIMIT",
     "HOT_ROUTES_ENV_VAR_NAME",
     "UVICORN_TIMEOUT_WORKER_HEALTHCHECK_KEY_NAME",
-    "MAX_REQUEST_BODY_BYTES_KEY_NAME",
-    "DEFAULT_MAX_REQUEST_BODY_BYTES",
 ]
-
-MAX_REQUEST_BODY_BYTES_KEY_NAME = "max_request_body_bytes"
-# Larger than any rollout we have seen (a long multi-turn trajectory with token ids and log probs is a few MB), small
-# enough that a stray upload cannot take a server's memory.
-DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
 
 UVICORN_TIMEOUT_WORKER_HEALTHCHECK_KEY_NAME = "uvicorn_timeout_worker_healthcheck"
 DEFAULT_OPEN_FILES_SOFT_LIMIT = 65535
@@ -82,21 +75,19 @@ def serve(
     server_cls: Optional[type] = None,
     global_config_dict: Any = None,
     show_200_ok: bool = False,
-    max_request_body_bytes: Optional[int] = None,
+    limits: Optional[RequestLimits] = None,
 ) -> None:
     """Run uvicorn (uvloop + httptools) on `app` until SIGINT/SIGTERM; returns normally after a graceful stop.
     With `num_workers > 1` uvicorn's supervisor runs that many worker processes, each building the app from
-    `server_cls`. Request bodies over `max_request_body_bytes` (else the global key of that name, else 32 MiB)
-    are answered 413 before they are read into memory."""
+    `server_cls`. Every request is held to `limits` (default: the global config's, `serving/limits.py`): a body
+    or a head over its size is refused before it is read into memory, a head that does not arrive in time too."""
     import uvicorn
 
     from nemo_gym.config.global_config import NEMO_GYM_LISTEN_FD_ENV_VAR_NAME
 
     sock = _socket_from_env(NEMO_GYM_LISTEN_FD_ENV_VAR_NAME)
-    max_body = max_request_body_bytes or byte_count(
-        global_config_dict, MAX_REQUEST_BODY_BYTES_KEY_NAME, DEFAULT_MAX_REQUEST_BODY_BYTES,
-        limits="the largest request body a server reads",
-    )
+    if limits is None:
+        limits = request_limits(global_config_dict)
     healthcheck_timeout = 30
     if global_config_dict is not None:
         try:
@@ -107,7 +98,7 @@ def serve(
         host=host,
         port=int(port),
         loop=_loop_choice(),
-        http=_http_choice(max_body),
+        http=_http_choice(limits),
         # Cancel in-flight requests quickly on shutdown instead of waiting for long rollouts.
         timeout_graceful_shutdown=0.5,
         # Longer than the client's idle keep-alive, so the server never closes a connection the client is
@@ -121,7 +112,7 @@ def serve(
     )
 
     if num_workers <= 1:
-        config = uvicorn.Config(serving_app(app, max_body), **common)  # configures logging
+        config = uvicorn.Config(serving_app(app, limits.max_body), **common)  # configures logging
         install_access_log_filter(show_200_ok)
         if not show_200_ok:
             _access_log_by_middleware()
@@ -227,7 +218,7 @@ def _loop_choice() -> str:
         return "asyncio"
 
 
-def _http_choice(max_body: Optional[int] = None) -> Any:
+def _http_choice(limits: RequestLimits) -> Any:
     """uvicorn's httptools protocol with one write per response and a direct path for hot routes
     (`serving/private_api.py`); plain httptools with
     `NEMO_GYM_HOT_ROUTES=0`; h11 without httptools."""
@@ -237,9 +228,9 @@ def _http_choice(max_body: Optional[int] = None) -> Any:
         return "h11"
     if not _fast_serving():
         return "httptools"
-    from nemo_gym.serving.private_api import protocol_with_body_limit
+    from nemo_gym.serving.private_api import protocol_with_limits
 
-    return protocol_with_body_limit(max_body)
+    return protocol_with_limits(limits)
 
 
 def _socket_from_env(env_name: str) -> Optional[socket.socket]:

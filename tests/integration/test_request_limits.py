@@ -2,7 +2,10 @@
 
 A body over a server's limit is answered 413 with a one-line reason before it is buffered, whether it declares its
 length or comes chunked, on hot routes and on FastAPI's own; a 422 never echoes more than an excerpt of the input;
-and a server's memory comes back near where it was after a burst of large bodies it did accept.
+and a server's memory comes back near where it was after a burst of large bodies it did accept. A head (request line
+and headers) is held to its own limits: an endless header is cut off soon after the global default of 64 KiB
+without growing the server, one over a server block's own limit is answered 431, and one that stops arriving
+408 after the configured timeout.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from tests.conftest import FIXTURE_STACK
 
 LIMIT = 8 * 1024 * 1024  # the stack's max_request_body_bytes
 BIG = 50 * 1024 * 1024
+AGENT_HEAD_LIMIT = 4096  # the agent block's own max_request_head_bytes (the others keep the 64 KiB default)
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +30,9 @@ def stack():
     head_port = free_port()
     with FakeLLMBackend() as backend:
         overrides = fake_llm_overrides(["configs/collect.yaml"], backend.base_url, head_port)
-        with NgRunStack([*overrides, f"+max_request_body_bytes={LIMIT}"], cwd=FIXTURE_STACK) as run:
+        limits = [f"+max_request_body_bytes={LIMIT}", "+request_head_timeout_s=1",
+                  f"++counter_simple_agent.responses_api_agents.simple_agent.max_request_head_bytes={AGENT_HEAD_LIMIT}"]
+        with NgRunStack([*overrides, *limits], cwd=FIXTURE_STACK) as run:
             run.wait_for("servers ready", timeout=120)
             servers = {s["process_name"]: s for s in server_instances(head_port)}
             yield servers, run
@@ -123,3 +129,51 @@ def test_memory_returns_near_its_baseline_after_a_burst_of_large_bodies(stack):
     grown = _rss(pid) - baseline
     # 20 bodies of 7 MB went through (140 MB); what stays is allocator slack, not the bodies.
     assert grown < 32 * 1024 * 1024, f"RSS grew by {grown / 2**20:.1f} MB"
+
+
+def test_an_endless_header_is_cut_off_without_growing_the_server(stack):
+    servers, _ = stack
+    name = "gated_counter_resources_server"
+    url, pid = _url(servers, name), servers[name]["pid"]
+    host, port = url.removeprefix("http://").split(":")
+    before = _rss(pid)
+    sent = 0
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /verify HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+        with pytest.raises(OSError):  # reset or broken pipe: the server closed long before 200 MB went out
+            for _ in range(200):
+                sock.sendall(b"h" * (1024 * 1024))
+                sent += 1024 * 1024
+    assert sent < 64 * 1024 * 1024, sent
+    assert _rss(pid) - before < 20 * 1024 * 1024
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+
+
+def test_a_head_over_a_server_blocks_own_limit_is_answered_431(stack):
+    servers, _ = stack
+    url = _url(servers, "counter_simple_agent")
+    answer = httpx.post(f"{url}/run", json={}, headers={"x-pad": "p" * AGENT_HEAD_LIMIT}, timeout=30)
+    assert answer.status_code == 431, answer.text[:300]
+    assert str(AGENT_HEAD_LIMIT) in answer.json()["detail"] and "max_request_head_bytes" in answer.json()["detail"]
+    # The same head is well under the default limit of the resources server.
+    other = httpx.post(f"{_url(servers, 'gated_counter_resources_server')}/seed_session", json={},
+                       headers={"x-pad": "p" * AGENT_HEAD_LIMIT}, timeout=30)
+    assert other.status_code == 200, other.text[:300]
+
+
+def test_a_head_that_stops_arriving_is_answered_408_after_the_configured_timeout(stack):
+    servers, _ = stack
+    host, port = _url(servers, "policy_model").removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Le")
+        answer = b""
+        while True:
+            try:
+                data = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not data:
+                break
+            answer += data
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
+    assert b"within 1 s" in answer and b"request_head_timeout_s" in answer

@@ -25,3 +25,48 @@ def test_the_response_cap_uses_it():
     assert max_response_body_bytes({}) == DEFAULT_MAX_RESPONSE_BODY_BYTES
     with pytest.raises(NeMoGymConfigError, match="http_client_max_response_body_bytes.*response body"):
         max_response_body_bytes({"http_client_max_response_body_bytes": "-1"})
+
+
+# -- seconds and a server's request limits (serving/limits.py) --------------------------------------------
+
+
+def test_seconds_reads_numbers_and_numeric_text_and_refuses_the_rest():
+    from nemo_gym.config.values import seconds
+
+    assert seconds({}, "t", 60.0, limits="x") == 60.0
+    assert seconds({"t": None}, "t", 60.0, limits="x") == 60.0
+    assert seconds({"t": 2}, "t", 60.0, limits="x") == 2.0
+    assert seconds({"t": " 0.5 "}, "t", 60.0, limits="x") == 0.5
+    for bad in (0, -1, "soon", True, float("inf"), float("nan"), [1]):
+        with pytest.raises(NeMoGymConfigError, match=r"`t` must be a positive number of seconds \(x\)"):
+            seconds({"t": bad}, "t", 60.0, limits="x")
+
+
+def test_request_limits_come_from_the_server_block_then_the_global_config_then_the_defaults(monkeypatch):
+    from nemo_gym.config.types import BaseRunServerInstanceConfig
+    from nemo_gym.serving.limits import (
+        DEFAULT_MAX_REQUEST_BODY_BYTES,
+        DEFAULT_MAX_REQUEST_HEAD_BYTES,
+        DEFAULT_REQUEST_HEAD_TIMEOUT_S,
+        RequestLimits,
+        request_limits,
+    )
+
+    defaults = RequestLimits(DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_REQUEST_HEAD_BYTES, DEFAULT_REQUEST_HEAD_TIMEOUT_S)
+    assert request_limits(None, None) == defaults
+    glob = {"max_request_body_bytes": 1000, "max_request_head_bytes": "2000", "request_head_timeout_s": "3"}
+    assert request_limits(glob, None) == RequestLimits(1000, 2000, 3.0)
+    block = BaseRunServerInstanceConfig(host="h", port=1, entrypoint="app.py", name="s", max_request_head_bytes=500)
+    assert request_limits(glob, block) == RequestLimits(1000, 500, 3.0)
+    assert request_limits(glob, {"request_head_timeout_s": 0.25}) == RequestLimits(1000, 2000, 0.25)
+    with pytest.raises(NeMoGymConfigError, match="max_request_head_bytes"):
+        request_limits({"max_request_head_bytes": "64k"}, None)
+    with pytest.raises(NeMoGymConfigError, match="request_head_timeout_s"):
+        request_limits({"request_head_timeout_s": -5}, None)
+
+    # A parent hands its limits to the uvicorn workers it starts through the environment.
+    for name in ("NEMO_GYM_MAX_REQUEST_BODY_BYTES", "NEMO_GYM_MAX_REQUEST_HEAD_BYTES", "NEMO_GYM_REQUEST_HEAD_TIMEOUT_S"):
+        monkeypatch.setenv(name, "")  # recorded, so what export_to_env sets is undone after the test
+    assert RequestLimits.from_env() == defaults
+    RequestLimits(1000, 500, 3.0).export_to_env()
+    assert RequestLimits.from_env() == RequestLimits(1000, 500, 3.0)

@@ -233,3 +233,102 @@ def test_keep_alive_closes_only_really_idle_connections(direct_url):
         started = time.monotonic()
         assert sock.recv(10) == b""  # then idle: closed by the server
         assert time.monotonic() - started < 5
+
+
+# -- the head's limits: its size (431) and its time (408); a connection that never sends is closed ----------
+
+
+class SmallHeadProtocol(NeMoGymHttpProtocol):
+    """The protocol with a 2 KiB head limit and a 0.5 s head timeout (a subclass: the real class stays as is)."""
+
+    max_head = 2048
+    head_timeout = 0.5
+
+
+@pytest.fixture(scope="module")
+def small_head_url():
+    server = NoteServer(config=make_config("notes"), server_client=ServerClient(head_server_config=None, global_config_dict={}))
+    with live_server(serving_app(server.build_app()), http=SmallHeadProtocol, proxy_headers=False,
+                     timeout_keep_alive=1) as base_url:
+        yield base_url
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    answer = b""
+    while True:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            return answer
+        if not data:
+            return answer
+        answer += data
+
+
+def _note_with_header(text: str, header_bytes: int) -> bytes:
+    request = _post(text)
+    head, _, rest = request.partition(b"\r\n")
+    return head + b"\r\nX-Pad: " + b"p" * header_bytes + b"\r\n" + rest
+
+
+def test_a_head_over_the_limit_is_answered_431_and_the_connection_closed(small_head_url):
+    with _connect(small_head_url) as sock:
+        sock.sendall(_note_with_header("big head", 3000))
+        answer = _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    detail = json.loads(answer.split(b"\r\n\r\n", 1)[1])["detail"]
+    assert "2048 bytes" in detail and "max_request_head_bytes" in detail and "\n" not in detail
+    assert b"connection: close" in answer.lower()
+
+
+def test_a_head_arriving_in_pieces_is_cut_off_soon_after_the_limit(small_head_url):
+    sent = 0
+    with _connect(small_head_url) as sock:
+        sock.sendall(b"POST /note HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+        with pytest.raises(OSError):  # the server closed: a reset or a broken pipe, long before 64 MB went out
+            for _ in range(64 * 1024):
+                sock.sendall(b"e" * 1024)
+                sent += 1024
+    assert sent < 32 * 1024 * 1024, sent  # what the kernel's socket buffers took before the reset came back
+    with httpx.Client(base_url=small_head_url) as client:  # the server itself is fine
+        assert client.post("/note", json={"text": "after"}).json()["text"] == "after"
+
+
+def test_heads_under_the_limit_pass_with_large_bodies_and_pipelined(small_head_url):
+    text = "b" * (600 * 1024)  # each read holds far more than the 2 KiB limit, the heads themselves do not
+    with _connect(small_head_url) as sock:
+        sock.sendall(_note_with_header(text, 1500))
+        [(status, _, body)] = _read_responses(sock, 1)
+        assert status == 200 and json.loads(body)["text"] == text
+        sock.sendall(_post(text) + _note_with_header("second", 1500) + _post(text))  # heads begin mid-read
+        answers = _read_responses(sock, 3)
+    assert [status for status, _, _ in answers] == [200, 200, 200]
+    assert json.loads(answers[1][2])["text"] == "second"
+
+
+def test_a_head_not_complete_in_time_is_answered_408(small_head_url):
+    with _connect(small_head_url) as sock:
+        sock.sendall(b"POST /note HTTP/1.1\r\nHost: x\r\nContent-Ty")
+        started = time.monotonic()
+        answer = _read_until_closed(sock)
+        waited = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert "request_head_timeout_s" in json.loads(answer.split(b"\r\n\r\n", 1)[1])["detail"]
+    assert waited < 8  # the 0.5 s timeout, checked at least every 0.5 s (a bound, not a speed test)
+
+
+def test_a_connection_that_sends_nothing_is_closed_like_an_idle_one(small_head_url):
+    with _connect(small_head_url) as sock:
+        started = time.monotonic()
+        assert _read_until_closed(sock) == b""
+        assert time.monotonic() - started < 8  # the 1 s keep-alive timeout
+
+
+def test_a_slow_head_inside_the_timeout_is_served(small_head_url):
+    with _connect(small_head_url) as sock:
+        request = _post("slow head")
+        for i in range(0, len(request), 20):
+            sock.sendall(request[i:i + 20])
+            time.sleep(0.01)
+        [(status, _, body)] = _read_responses(sock, 1)
+    assert status == 200 and json.loads(body)["text"] == "slow head"
