@@ -691,8 +691,9 @@ def check_compatibility() -> list[str]:
     """What the installed uvicorn / FastAPI / starlette lack of what this module uses (empty: all there)."""
     problems: list[str] = []
     for name in (
-        "on_headers_complete", "on_body", "on_message_complete", "on_response_complete", "connection_made",
-        "connection_lost", "timeout_keep_alive_handler", "_unset_keepalive_if_required",
+        "on_message_begin", "on_headers_complete", "on_body", "on_message_complete", "on_response_complete",
+        "data_received", "connection_made", "connection_lost", "timeout_keep_alive_handler",
+        "_unset_keepalive_if_required",
     ):
         if not callable(getattr(HttpToolsProtocol, name, None)):
             problems.append(f"uvicorn: HttpToolsProtocol.{name} is gone")
