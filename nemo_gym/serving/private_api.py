@@ -537,6 +537,10 @@ class _DirectCycle:
         await cycle.run_asgi(app)
 
 
+# The access line of a refused request shows at most this much of its path (a refused head can be a 64 KiB URL).
+_LOGGED_PATH_BYTES = 1024
+
+
 class _RefusedCycle(_DirectCycle):
     """A request refused for a limit (`status`, a JSON `answer_body`); the connection closes after the answer. A
     body over its limit is first counted and dropped as it arrives (`discard`), so the client reads the 413."""
@@ -554,8 +558,8 @@ class _RefusedCycle(_DirectCycle):
                 scope["method"] = protocol.parser.get_method().decode("ascii")
             except Exception:  # noqa: BLE001 - the request line is not read yet (a head timed out early)
                 scope["method"] = "-"
-            scope["path"], _, query = protocol.url.decode("latin-1").partition("?")
-            scope["query_string"] = query.encode("latin-1")
+            path, _, query = protocol.url[:_LOGGED_PATH_BYTES].decode("latin-1").partition("?")
+            scope["path"], scope["raw_path"], scope["query_string"] = path, path.encode("latin-1"), query.encode("latin-1")
         self.status = status
         self.answer_body = answer_body
         self.limit = limit

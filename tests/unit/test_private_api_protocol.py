@@ -239,17 +239,20 @@ def test_keep_alive_closes_only_really_idle_connections(direct_url):
 
 
 class SmallHeadProtocol(NeMoGymHttpProtocol):
-    """The protocol with a 2 KiB head limit and a 0.5 s head timeout (a subclass: the real class stays as is)."""
+    """The protocol with a 2 KiB head limit, a 0.5 s head timeout and a 2 MiB body limit (a subclass: the real class
+    stays as is)."""
 
     max_head = 2048
     head_timeout = 0.5
+    max_body = 2 * 1024 * 1024
 
 
 @pytest.fixture(scope="module")
 def small_head_url():
     server = NoteServer(config=make_config("notes"), server_client=ServerClient(head_server_config=None, global_config_dict={}))
+    # With the access log on: a refusal writes its access line too (from a scope uvicorn never filled in).
     with live_server(serving_app(server.build_app()), http=SmallHeadProtocol, proxy_headers=False,
-                     timeout_keep_alive=1) as base_url:
+                     timeout_keep_alive=1, access_log=True) as base_url:
         yield base_url
 
 
@@ -332,3 +335,32 @@ def test_a_slow_head_inside_the_timeout_is_served(small_head_url):
             time.sleep(0.01)
         [(status, _, body)] = _read_responses(sock, 1)
     assert status == 200 and json.loads(body)["text"] == "slow head"
+
+
+def test_refusals_write_their_access_line(small_head_url):
+    import logging
+
+    class Lines(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
+
+    access, lines = logging.getLogger("uvicorn.access"), Lines()
+    level = access.level
+    access.addHandler(lines)
+    access.setLevel(logging.INFO)
+    try:
+        with _connect(small_head_url) as sock:
+            sock.sendall(_post("x" * 3_000_000))  # a body over the 2 MiB limit: refused before uvicorn fills the scope
+            assert _read_until_closed(sock).startswith(b"HTTP/1.1 413 ")
+        with _connect(small_head_url) as sock:
+            sock.sendall(b"POST /note?" + b"q" * 4000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _read_until_closed(sock).startswith(b"HTTP/1.1 431 ")
+    finally:
+        access.removeHandler(lines)
+        access.setLevel(level)
+    assert any('"POST /note HTTP/1.1" 413' in line for line in lines.lines), lines.lines
+    assert any('"POST /note?' in line and '" 431' in line and len(line) < 1200 for line in lines.lines), lines.lines
