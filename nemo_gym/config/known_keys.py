@@ -140,6 +140,11 @@ class GlobalKeys(BaseNeMoGymCLIConfig):
         description="Seconds a server waits for a request's headers once they began; then 408 (a server block may "
         "set its own).",
     )
+    request_body_timeout_s: float = Field(
+        default=60.0,
+        description="Seconds a request's body may stop arriving before the server answers 408 (a server block may "
+        "set its own).",
+    )
     observability_enabled: bool = Field(
         default=False,
         description="Calls made for a rollout carry /ng-rollout/<rollout id> in their path, and model servers write "

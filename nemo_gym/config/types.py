@@ -295,10 +295,12 @@ class BaseRunServerConfig(BaseServerConfig):
     # The largest request body this server reads (bytes); larger ones are answered 413 before they are buffered
     # (nemo_gym/serving/limits.py). None: the global `max_request_body_bytes`, else 32 MiB.
     max_request_body_bytes: Optional[int] = Field(default=None, ge=1)
-    # The largest request line and headers (bytes; else 431), and how long they may take to arrive once begun
-    # (seconds; else 408). None: the global keys of these names, else 64 KiB and 60 s (nemo_gym/serving/limits.py).
+    # The largest request line and headers (bytes; else 431), how long they may take to arrive once begun and how
+    # long a body may stop arriving (seconds; else 408). None: the global keys of these names, else 64 KiB, 60 s and
+    # 60 s (nemo_gym/serving/limits.py).
     max_request_head_bytes: Optional[int] = Field(default=None, ge=1)
     request_head_timeout_s: Optional[float] = Field(default=None, gt=0)
+    request_body_timeout_s: Optional[float] = Field(default=None, gt=0)
 
 
 class BaseRunServerInstanceConfig(BaseRunServerConfig):

@@ -1,11 +1,11 @@
 """What one request may take of a server: the size of its body, the size of its head (request line and headers),
-and how long its head may take to arrive.
+how long its head may take to arrive, and how long its body may stop arriving.
 
 Why each limit: a body or a head is held in memory whole before anything looks at it, so without a cap one client
 can make a server grow without bound; and httptools gathers a header arriving in many reads by joining the pieces,
-so a 200 MB header kept a server's event loop busy for 47 s (every other request waited). A head that never
-finishes (a client sending a byte now and then) holds a connection and its memory for ever: uvicorn starts no timer
-until a first answer has gone out.
+so a 200 MB header kept a server's event loop busy for 47 s (every other request waited). A head or a body that
+never finishes (a client sending a byte now and then, or nothing more) holds a connection and its memory for ever:
+uvicorn starts no timer until a first answer has gone out.
 
 The limits come from the server's config block, else the global config, else the defaults here. `ng_run` starts
 each server with its own; a multi-worker server hands them to its uvicorn workers in the environment
@@ -26,17 +26,21 @@ __all__ = [
     "too_large_body",
     "head_too_large_body",
     "head_too_slow_body",
+    "body_too_slow_body",
     "MAX_REQUEST_BODY_BYTES_KEY_NAME",
     "MAX_REQUEST_HEAD_BYTES_KEY_NAME",
     "REQUEST_HEAD_TIMEOUT_KEY_NAME",
+    "REQUEST_BODY_TIMEOUT_KEY_NAME",
     "DEFAULT_MAX_REQUEST_BODY_BYTES",
     "DEFAULT_MAX_REQUEST_HEAD_BYTES",
     "DEFAULT_REQUEST_HEAD_TIMEOUT_S",
+    "DEFAULT_REQUEST_BODY_TIMEOUT_S",
 ]
 
 MAX_REQUEST_BODY_BYTES_KEY_NAME = "max_request_body_bytes"
 MAX_REQUEST_HEAD_BYTES_KEY_NAME = "max_request_head_bytes"
 REQUEST_HEAD_TIMEOUT_KEY_NAME = "request_head_timeout_s"
+REQUEST_BODY_TIMEOUT_KEY_NAME = "request_body_timeout_s"
 
 # Larger than any rollout we have seen (a long multi-turn trajectory with token ids and log probs is a few MB), small
 # enough that a stray upload cannot take a server's memory.
@@ -46,11 +50,14 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_REQUEST_HEAD_BYTES = 64 * 1024
 # nginx's client_header_timeout. A head is sent in one write by every client we know; a minute is generous.
 DEFAULT_REQUEST_HEAD_TIMEOUT_S = 60.0
+# nginx's client_body_timeout: the longest a body may stop arriving (between two reads, not for the whole body).
+DEFAULT_REQUEST_BODY_TIMEOUT_S = 60.0
 
 _ENV_VARS = {
     "max_body": "NEMO_GYM_MAX_REQUEST_BODY_BYTES",
     "max_head": "NEMO_GYM_MAX_REQUEST_HEAD_BYTES",
     "head_timeout_s": "NEMO_GYM_REQUEST_HEAD_TIMEOUT_S",
+    "body_timeout_s": "NEMO_GYM_REQUEST_BODY_TIMEOUT_S",
 }
 
 
@@ -61,6 +68,7 @@ class RequestLimits:
     max_body: Optional[int] = DEFAULT_MAX_REQUEST_BODY_BYTES
     max_head: Optional[int] = DEFAULT_MAX_REQUEST_HEAD_BYTES
     head_timeout_s: Optional[float] = DEFAULT_REQUEST_HEAD_TIMEOUT_S
+    body_timeout_s: Optional[float] = DEFAULT_REQUEST_BODY_TIMEOUT_S
 
     @classmethod
     def from_env(cls) -> "RequestLimits":
@@ -70,7 +78,7 @@ class RequestLimits:
             text = os.environ.get(name, "")
             try:
                 if text:
-                    values[field] = float(text) if field == "head_timeout_s" else int(text)
+                    values[field] = float(text) if field.endswith("_s") else int(text)
             except ValueError:
                 pass
         return cls(**values)
@@ -103,6 +111,9 @@ def request_limits(global_config_dict: Any = None, server_config: Any = None) ->
         head_timeout_s=seconds({REQUEST_HEAD_TIMEOUT_KEY_NAME: pick(REQUEST_HEAD_TIMEOUT_KEY_NAME)},
                                REQUEST_HEAD_TIMEOUT_KEY_NAME, DEFAULT_REQUEST_HEAD_TIMEOUT_S,
                                limits="how long a server waits for a request's headers"),
+        body_timeout_s=seconds({REQUEST_BODY_TIMEOUT_KEY_NAME: pick(REQUEST_BODY_TIMEOUT_KEY_NAME)},
+                               REQUEST_BODY_TIMEOUT_KEY_NAME, DEFAULT_REQUEST_BODY_TIMEOUT_S,
+                               limits="how long a request's body may stop arriving"),
     )
 
 
@@ -127,4 +138,12 @@ def head_too_slow_body(timeout_s: float) -> bytes:
     return (
         f'{{"detail":"request headers not complete within {timeout_s:g} s '
         f'(request_head_timeout_s in the server\'s config block, or globally)"}}'
+    ).encode()
+
+
+def body_too_slow_body(timeout_s: float) -> bytes:
+    """The 408 answer's JSON body when a request body stopped arriving."""
+    return (
+        f'{{"detail":"request body stopped arriving for {timeout_s:g} s '
+        f'(request_body_timeout_s in the server\'s config block, or globally)"}}'
     ).encode()

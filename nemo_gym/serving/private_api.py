@@ -41,7 +41,7 @@ Three things, each measured on the rollout hot path (`perf/floor_vs_stack.py`):
   next request arrives; here the timer stays armed and re-arms itself until the connection has really been idle
   for `timeout_keep_alive`. The same timer is armed when a connection opens (uvicorn arms none until a first
   answer, so a connection that never sends a whole request stayed open for ever) and ends a request whose head
-  is not complete within the head timeout.
+  is not complete within the head timeout, or whose body stopped arriving for the body timeout.
 
 uvicorn's parsing, flow control, pipelining and shutdown stay its own.
 """
@@ -72,7 +72,13 @@ try:
 except ImportError:  # uvicorn < 0.32 keeps it in uvicorn.main
     from uvicorn.main import STARTUP_FAILURE
 
-from nemo_gym.serving.limits import RequestLimits, head_too_large_body, head_too_slow_body, too_large_body
+from nemo_gym.serving.limits import (
+    RequestLimits,
+    body_too_slow_body,
+    head_too_large_body,
+    head_too_slow_body,
+    too_large_body,
+)
 
 __all__ = [
     "CoalescingHttpToolsProtocol",
@@ -180,11 +186,14 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
     - a head (request line and headers) over `max_head` bytes is answered 431 and the connection closed: a whole
       head at once, one still arriving as soon as the reads after the one it began in pass the limit (so at most
       one socket read more is looked at, and httptools' joining of a header's pieces stays bounded);
-    - a head not complete `head_timeout` seconds after it began is answered 408 and the connection closed."""
+    - a head not complete `head_timeout` seconds after it began is answered 408 and the connection closed;
+    - a body from which nothing more arrived for `body_timeout` seconds (one timer period more at most) is answered
+      408 and the connection closed, unless we paused reading it (flow control: the app is slow, not the client)."""
 
     max_body: ClassVar[Optional[int]] = _LIMITS.max_body
     max_head: ClassVar[Optional[int]] = _LIMITS.max_head
     head_timeout: ClassVar[Optional[float]] = _LIMITS.head_timeout_s
+    body_timeout: ClassVar[Optional[float]] = _LIMITS.body_timeout_s
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -207,8 +216,12 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         self.head_size = 0
         self.head_first = 0
         self._read_size = 0
-        timeout = self.head_timeout
-        self._timer_period = self.timeout_keep_alive if timeout is None else min(self.timeout_keep_alive, timeout)
+        # Reads so far, and as the timer last saw them (and when): a body that stopped arriving reads the same twice.
+        self.reads = 0
+        self.reads_seen = -1
+        self.reads_seen_at = 0.0
+        periods = [t for t in (self.timeout_keep_alive, self.head_timeout, self.body_timeout) if t is not None]
+        self._timer_period = min(periods)
 
     # -- keep-alive: one timer per idle period (the module docstring) -------------------------------------------
 
@@ -244,13 +257,24 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         if self.transport.is_closing():
             return
         now = self.loop.time()
-        if self.idle_since is None:  # busy: answering (the response re-arms), or reading a head (its deadline)
-            if self.head_open and self.head_timeout is not None:
-                left = self.head_started + self.head_timeout - now
+        if self.idle_since is None:  # busy: reading a head or a body (their deadlines), or answering (it re-arms)
+            if self.head_open:
+                if self.head_timeout is not None:
+                    left = self.head_started + self.head_timeout - now
+                    if left > 0:
+                        self.keep_alive_timer = self.loop.call_later(left, self._keep_alive_due)
+                    else:
+                        self._refuse_early(408, head_too_slow_body(self.head_timeout))
+            elif self.body_timeout is not None and self._body_arriving():
+                if self.reads != self.reads_seen:  # progress since the last look
+                    self.reads_seen, self.reads_seen_at = self.reads, now
+                left = self.reads_seen_at + self.body_timeout - now
                 if left > 0:
-                    self.keep_alive_timer = self.loop.call_later(left, self._keep_alive_due)
+                    self.keep_alive_timer = self.loop.call_later(min(left, self._timer_period), self._keep_alive_due)
+                elif type(self.cycle) is _RefusedCycle:  # refused for its size, the rest of it never came
+                    self.cycle.answer()
                 else:
-                    self._refuse_head(408, head_too_slow_body(self.head_timeout))
+                    self._refuse_early(408, body_too_slow_body(self.body_timeout))
             return
         left = self.idle_since + self.timeout_keep_alive - now
         if left > 0:
@@ -267,12 +291,13 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
     # -- the head: its size and its time (the class docstring) --------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        self.reads += 1
         size = self._read_size = len(data)
         if self.head_open:  # this read continues a head
             self.head_size += size
         super().data_received(data)
         if self.head_open and self.max_head is not None and self.head_size > self.max_head:
-            self._refuse_head(431, head_too_large_body(self.max_head))
+            self._refuse_early(431, head_too_large_body(self.max_head))
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -286,14 +311,24 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         hold that much)."""
         return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > limit
 
-    def _refuse_head(self, status: int, body: bytes) -> None:
-        """Answer `status` with `body` and close (just close when an earlier request of this connection is still
-        being answered: answering now would answer out of order)."""
-        self.head_open = False
+    def _body_arriving(self) -> bool:
+        """Whether the current request's body is still coming in, and we are reading it (not paused because the
+        app has not taken what came)."""
         cycle = self.cycle
-        if self.pipeline or (cycle is not None and not cycle.response_complete):
+        return cycle is not None and cycle.more_body and not cycle.response_started and not self.flow.read_paused
+
+    def _refuse_early(self, status: int, body: bytes) -> None:
+        """Refuse the request being read (its head or its body): answer `status` with `body` and close (just close
+        when a response of this connection has started or an earlier request is still being answered: answering
+        now would answer out of order)."""
+        head_open, self.head_open = self.head_open, False
+        cycle = self.cycle
+        if self.pipeline or (cycle is not None and not cycle.response_complete and (head_open or cycle.response_started)):
             self.transport.close()
             return
+        if cycle is not None and not cycle.response_complete:  # a body that stopped arriving: the app must not wait
+            cycle.disconnected = True
+            cycle.message_event.set()
         refused = _RefusedCycle(self, self.scope, status, body)
         self.cycle = refused  # type: ignore[assignment]
         refused.answer()
@@ -302,7 +337,7 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         self.head_open = False
         head_limit = self.max_head
         if head_limit is not None and self.head_first + self.head_size > head_limit and self._head_size_over(head_limit):
-            self._refuse_head(431, head_too_large_body(head_limit))
+            self._refuse_early(431, head_too_large_body(head_limit))
             return
         limit = self.max_body
         cycle = self.cycle
@@ -581,6 +616,7 @@ def protocol_with_limits(limits: RequestLimits) -> type[NeMoGymHttpProtocol]:
     NeMoGymHttpProtocol.max_body = limits.max_body
     NeMoGymHttpProtocol.max_head = limits.max_head
     NeMoGymHttpProtocol.head_timeout = limits.head_timeout_s
+    NeMoGymHttpProtocol.body_timeout = limits.body_timeout_s
     limits.export_to_env()
     return NeMoGymHttpProtocol
 

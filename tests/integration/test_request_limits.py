@@ -5,7 +5,7 @@ length or comes chunked, on hot routes and on FastAPI's own; a 422 never echoes 
 and a server's memory comes back near where it was after a burst of large bodies it did accept. A head (request line
 and headers) is held to its own limits: an endless header is cut off soon after the global default of 64 KiB
 without growing the server, one over a server block's own limit is answered 431, and one that stops arriving
-408 after the configured timeout.
+408 after the configured timeout; so is a body that stops arriving.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def stack():
     head_port = free_port()
     with FakeLLMBackend() as backend:
         overrides = fake_llm_overrides(["configs/collect.yaml"], backend.base_url, head_port)
-        limits = [f"+max_request_body_bytes={LIMIT}", "+request_head_timeout_s=1",
+        limits = [f"+max_request_body_bytes={LIMIT}", "+request_head_timeout_s=1", "+request_body_timeout_s=1",
                   f"++counter_simple_agent.responses_api_agents.simple_agent.max_request_head_bytes={AGENT_HEAD_LIMIT}"]
         with NgRunStack([*overrides, *limits], cwd=FIXTURE_STACK) as run:
             run.wait_for("servers ready", timeout=120)
@@ -177,3 +177,22 @@ def test_a_head_that_stops_arriving_is_answered_408_after_the_configured_timeout
             answer += data
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
     assert b"within 1 s" in answer and b"request_head_timeout_s" in answer
+
+
+def test_a_body_that_stops_arriving_is_answered_408_after_the_configured_timeout(stack):
+    servers, _ = stack
+    host, port = _url(servers, "gated_counter_resources_server").removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /verify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 5000\r\n\r\n{\"responses_create_params\": ")
+        answer = b""
+        while True:
+            try:
+                data = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not data:
+                break
+            answer += data
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
+    assert b"for 1 s" in answer and b"request_body_timeout_s" in answer

@@ -239,11 +239,12 @@ def test_keep_alive_closes_only_really_idle_connections(direct_url):
 
 
 class SmallHeadProtocol(NeMoGymHttpProtocol):
-    """The protocol with a 2 KiB head limit, a 0.5 s head timeout and a 2 MiB body limit (a subclass: the real class
-    stays as is)."""
+    """The protocol with a 2 KiB head limit, 0.5 s head and body timeouts and a 2 MiB body limit (a subclass: the real
+    class stays as is)."""
 
     max_head = 2048
     head_timeout = 0.5
+    body_timeout = 0.5
     max_body = 2 * 1024 * 1024
 
 
@@ -364,3 +365,48 @@ def test_refusals_write_their_access_line(small_head_url):
         access.setLevel(level)
     assert any('"POST /note HTTP/1.1" 413' in line for line in lines.lines), lines.lines
     assert any('"POST /note?' in line and '" 431' in line and len(line) < 1200 for line in lines.lines), lines.lines
+
+
+def _stalled_body_answer(url: str, head: bytes, first_part: bytes) -> tuple[bytes, float]:
+    with _connect(url) as sock:
+        sock.sendall(head + first_part)
+        started = time.monotonic()
+        answer = _read_until_closed(sock)
+        return answer, time.monotonic() - started
+
+
+def test_a_body_that_stops_arriving_is_answered_408(small_head_url):
+    head = b"POST /note HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    answer, waited = _stalled_body_answer(small_head_url, head, b'{"text": "')
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert "request_body_timeout_s" in json.loads(answer.split(b"\r\n\r\n", 1)[1])["detail"]
+    assert waited < 8  # 0.5 s of silence, seen within one more 0.5 s tick (a bound, not a speed test)
+
+
+def test_a_body_stalled_behind_expect_100_continue_is_answered_408(small_head_url):
+    # Expect: 100-continue goes through uvicorn's own cycle, whose app waits in receive() for the rest.
+    head = (b"POST /note HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 100\r\n\r\n")
+    answer, _ = _stalled_body_answer(small_head_url, head, b'{"text": "')
+    assert b"HTTP/1.1 408 " in answer and b"request_body_timeout_s" in answer, answer[:300]
+    with httpx.Client(base_url=small_head_url) as client:
+        assert client.post("/note", json={"text": "still serving"}).json()["text"] == "still serving"
+
+
+def test_a_body_refused_for_its_size_that_stops_arriving_gets_its_413(small_head_url):
+    head = b"POST /note HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 3000000\r\n\r\n"
+    answer, _ = _stalled_body_answer(small_head_url, head, b"x" * 1000)
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+
+
+def test_a_body_trickling_in_for_longer_than_the_timeout_is_served(small_head_url):
+    text = "t" * 60
+    request = _post(text)
+    head_end = request.index(b"\r\n\r\n") + 4
+    with _connect(small_head_url) as sock:
+        sock.sendall(request[:head_end])
+        for i in range(head_end, len(request), 10):  # ~2 s in all, 0.25 s between pieces: the timeout is per gap
+            time.sleep(0.25)
+            sock.sendall(request[i:i + 10])
+        [(status, _, body)] = _read_responses(sock, 1)
+    assert status == 200 and json.loads(body)["text"] == text
