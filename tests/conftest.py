@@ -24,3 +24,16 @@ def fake_backend():
     """A fake OpenAI-compatible LLM server (real HTTP) that calls increment_counter with count=2, then answers."""
     with FakeLLMBackend("--tool-args", '{"count": 2}') as backend:
         yield backend.base_url
+
+
+def read_until_closed(sock) -> bytes:
+    """Everything a server sends on a raw socket until it closes (or resets) the connection."""
+    answer = b""
+    while True:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            return answer
+        if not data:
+            return answer
+        answer += data

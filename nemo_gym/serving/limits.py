@@ -93,6 +93,19 @@ class RequestLimits:
                 os.environ[name] = str(value)
 
 
+# Each limit: its RequestLimits field, its config key, how the key's value reads, its default, what it limits.
+_KEYS = (
+    ("max_body", MAX_REQUEST_BODY_BYTES_KEY_NAME, byte_count, DEFAULT_MAX_REQUEST_BODY_BYTES,
+     "the largest request body a server reads"),
+    ("max_head", MAX_REQUEST_HEAD_BYTES_KEY_NAME, byte_count, DEFAULT_MAX_REQUEST_HEAD_BYTES,
+     "the largest request line and headers a server reads"),
+    ("head_timeout_s", REQUEST_HEAD_TIMEOUT_KEY_NAME, seconds, DEFAULT_REQUEST_HEAD_TIMEOUT_S,
+     "how long a server waits for a request's headers"),
+    ("body_timeout_s", REQUEST_BODY_TIMEOUT_KEY_NAME, seconds, DEFAULT_REQUEST_BODY_TIMEOUT_S,
+     "how long a request's body may stop arriving"),
+)
+
+
 def request_limits(global_config_dict: Any = None, server_config: Any = None) -> RequestLimits:
     """The limits of one server: its own block's keys, else the global config's, else the defaults. A value that
     is not a positive number is a config error naming the key."""
@@ -101,49 +114,33 @@ def request_limits(global_config_dict: Any = None, server_config: Any = None) ->
         own = config_get(server_config, key) if is_mapping(server_config) else getattr(server_config, key, None)
         return own if own is not None else config_get(global_config_dict, key)
 
-    return RequestLimits(
-        max_body=byte_count({MAX_REQUEST_BODY_BYTES_KEY_NAME: pick(MAX_REQUEST_BODY_BYTES_KEY_NAME)},
-                            MAX_REQUEST_BODY_BYTES_KEY_NAME, DEFAULT_MAX_REQUEST_BODY_BYTES,
-                            limits="the largest request body a server reads"),
-        max_head=byte_count({MAX_REQUEST_HEAD_BYTES_KEY_NAME: pick(MAX_REQUEST_HEAD_BYTES_KEY_NAME)},
-                            MAX_REQUEST_HEAD_BYTES_KEY_NAME, DEFAULT_MAX_REQUEST_HEAD_BYTES,
-                            limits="the largest request line and headers a server reads"),
-        head_timeout_s=seconds({REQUEST_HEAD_TIMEOUT_KEY_NAME: pick(REQUEST_HEAD_TIMEOUT_KEY_NAME)},
-                               REQUEST_HEAD_TIMEOUT_KEY_NAME, DEFAULT_REQUEST_HEAD_TIMEOUT_S,
-                               limits="how long a server waits for a request's headers"),
-        body_timeout_s=seconds({REQUEST_BODY_TIMEOUT_KEY_NAME: pick(REQUEST_BODY_TIMEOUT_KEY_NAME)},
-                               REQUEST_BODY_TIMEOUT_KEY_NAME, DEFAULT_REQUEST_BODY_TIMEOUT_S,
-                               limits="how long a request's body may stop arriving"),
-    )
+    return RequestLimits(**{
+        field: read({key: pick(key)}, key, default, limits=what) for field, key, read, default, what in _KEYS
+    })
+
+
+def _refusal(reason: str, key: str) -> bytes:
+    """A refusal's JSON body: one line that says what was refused and which key changes the limit."""
+    return f'{{"detail":"{reason} ({key} in the server\'s config block, or globally)"}}'.encode()
 
 
 def too_large_body(size: str, limit: int) -> bytes:
-    """The 413 answer's JSON body: one line that says what to change."""
-    return (
-        f'{{"detail":"request body too large: {size} over this server\'s limit of {limit} bytes '
-        f'(max_request_body_bytes in the server\'s config block, or globally)"}}'
-    ).encode()
+    """The 413 answer's JSON body."""
+    return _refusal(f"request body too large: {size} over this server's limit of {limit} bytes",
+                    MAX_REQUEST_BODY_BYTES_KEY_NAME)
 
 
 def head_too_large_body(limit: int) -> bytes:
     """The 431 answer's JSON body."""
-    return (
-        f'{{"detail":"request line and headers too large: more than this server\'s limit of {limit} bytes '
-        f'(max_request_head_bytes in the server\'s config block, or globally)"}}'
-    ).encode()
+    return _refusal(f"request line and headers too large: more than this server's limit of {limit} bytes",
+                    MAX_REQUEST_HEAD_BYTES_KEY_NAME)
 
 
 def head_too_slow_body(timeout_s: float) -> bytes:
-    """The 408 answer's JSON body."""
-    return (
-        f'{{"detail":"request headers not complete within {timeout_s:g} s '
-        f'(request_head_timeout_s in the server\'s config block, or globally)"}}'
-    ).encode()
+    """The 408 answer's JSON body when a request's headers did not arrive in time."""
+    return _refusal(f"request headers not complete within {timeout_s:g} s", REQUEST_HEAD_TIMEOUT_KEY_NAME)
 
 
 def body_too_slow_body(timeout_s: float) -> bytes:
     """The 408 answer's JSON body when a request body stopped arriving."""
-    return (
-        f'{{"detail":"request body stopped arriving for {timeout_s:g} s '
-        f'(request_body_timeout_s in the server\'s config block, or globally)"}}'
-    ).encode()
+    return _refusal(f"request body stopped arriving for {timeout_s:g} s", REQUEST_BODY_TIMEOUT_KEY_NAME)

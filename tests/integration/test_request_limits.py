@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from nemo_gym.testing.stack import FakeLLMBackend, NgRunStack, fake_llm_overrides, free_port, server_instances
-from tests.conftest import FIXTURE_STACK
+from tests.conftest import FIXTURE_STACK, read_until_closed
 
 LIMIT = 8 * 1024 * 1024  # the stack's max_request_body_bytes
 BIG = 50 * 1024 * 1024
@@ -56,15 +56,7 @@ def _raw_post(url: str, path: str, head: bytes, chunks, timeout: float = 60.0) -
                 sock.sendall(chunk)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the server answered and closed in the middle of the body: what we test for
-        answer = b""
-        while True:
-            try:
-                data = sock.recv(65536)
-            except ConnectionResetError:
-                break
-            if not data:
-                break
-            answer += data
+        answer = read_until_closed(sock)
         return answer
 
 
@@ -166,15 +158,7 @@ def test_a_head_that_stops_arriving_is_answered_408_after_the_configured_timeout
     host, port = _url(servers, "policy_model").removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Le")
-        answer = b""
-        while True:
-            try:
-                data = sock.recv(65536)
-            except ConnectionResetError:
-                break
-            if not data:
-                break
-            answer += data
+        answer = read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
     assert b"within 1 s" in answer and b"request_head_timeout_s" in answer
 
@@ -185,14 +169,6 @@ def test_a_body_that_stops_arriving_is_answered_408_after_the_configured_timeout
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(b"POST /verify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 5000\r\n\r\n{\"responses_create_params\": ")
-        answer = b""
-        while True:
-            try:
-                data = sock.recv(65536)
-            except ConnectionResetError:
-                break
-            if not data:
-                break
-            answer += data
+        answer = read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
     assert b"for 1 s" in answer and b"request_body_timeout_s" in answer

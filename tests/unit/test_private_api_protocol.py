@@ -23,6 +23,7 @@ from nemo_gym.serving.private_api import (
     _CoalescingTransport,
 )
 from nemo_gym.testing.live_server import live_server
+from tests.conftest import read_until_closed
 from tests.unit.test_server_utils import make_config
 
 
@@ -257,18 +258,6 @@ def small_head_url():
         yield base_url
 
 
-def _read_until_closed(sock: socket.socket) -> bytes:
-    answer = b""
-    while True:
-        try:
-            data = sock.recv(65536)
-        except ConnectionResetError:
-            return answer
-        if not data:
-            return answer
-        answer += data
-
-
 def _note_with_header(text: str, header_bytes: int) -> bytes:
     request = _post(text)
     head, _, rest = request.partition(b"\r\n")
@@ -278,7 +267,7 @@ def _note_with_header(text: str, header_bytes: int) -> bytes:
 def test_a_head_over_the_limit_is_answered_431_and_the_connection_closed(small_head_url):
     with _connect(small_head_url) as sock:
         sock.sendall(_note_with_header("big head", 3000))
-        answer = _read_until_closed(sock)
+        answer = read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
     detail = json.loads(answer.split(b"\r\n\r\n", 1)[1])["detail"]
     assert "2048 bytes" in detail and "max_request_head_bytes" in detail and "\n" not in detail
@@ -314,7 +303,7 @@ def test_a_head_not_complete_in_time_is_answered_408(small_head_url):
     with _connect(small_head_url) as sock:
         sock.sendall(b"POST /note HTTP/1.1\r\nHost: x\r\nContent-Ty")
         started = time.monotonic()
-        answer = _read_until_closed(sock)
+        answer = read_until_closed(sock)
         waited = time.monotonic() - started
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
     assert "request_head_timeout_s" in json.loads(answer.split(b"\r\n\r\n", 1)[1])["detail"]
@@ -324,7 +313,7 @@ def test_a_head_not_complete_in_time_is_answered_408(small_head_url):
 def test_a_connection_that_sends_nothing_is_closed_like_an_idle_one(small_head_url):
     with _connect(small_head_url) as sock:
         started = time.monotonic()
-        assert _read_until_closed(sock) == b""
+        assert read_until_closed(sock) == b""
         assert time.monotonic() - started < 8  # the 1 s keep-alive timeout
 
 
@@ -356,10 +345,10 @@ def test_refusals_write_their_access_line(small_head_url):
     try:
         with _connect(small_head_url) as sock:
             sock.sendall(_post("x" * 3_000_000))  # a body over the 2 MiB limit: refused before uvicorn fills the scope
-            assert _read_until_closed(sock).startswith(b"HTTP/1.1 413 ")
+            assert read_until_closed(sock).startswith(b"HTTP/1.1 413 ")
         with _connect(small_head_url) as sock:
             sock.sendall(b"POST /note?" + b"q" * 4000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert _read_until_closed(sock).startswith(b"HTTP/1.1 431 ")
+            assert read_until_closed(sock).startswith(b"HTTP/1.1 431 ")
     finally:
         access.removeHandler(lines)
         access.setLevel(level)
@@ -371,7 +360,7 @@ def _stalled_body_answer(url: str, head: bytes, first_part: bytes) -> tuple[byte
     with _connect(url) as sock:
         sock.sendall(head + first_part)
         started = time.monotonic()
-        answer = _read_until_closed(sock)
+        answer = read_until_closed(sock)
         return answer, time.monotonic() - started
 
 
