@@ -746,6 +746,13 @@ def check_compatibility() -> list[str]:
             problems.append(f"uvicorn: RequestResponseCycle() no longer takes {name}=")
     if not callable(getattr(RequestResponseCycle, "run_asgi", None)):
         problems.append("uvicorn: RequestResponseCycle.run_asgi is gone")
+    try:
+        from uvicorn.protocols.http.flow_control import FlowControl
+
+        if not isinstance(getattr(FlowControl(None), "read_paused", None), bool):  # type: ignore[arg-type]
+            problems.append("uvicorn: FlowControl.read_paused is gone")
+    except Exception as exc:  # noqa: BLE001 - any failure here is the finding
+        problems.append(f"uvicorn: FlowControl failed ({type(exc).__name__}: {exc})")
     if any(status not in STATUS_LINE for status in (408, 413, 431, 500)):
         problems.append("uvicorn: STATUS_LINE no longer maps status codes to status lines")
 
