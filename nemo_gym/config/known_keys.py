@@ -36,6 +36,12 @@ from nemo_gym.config.global_config import (
 from nemo_gym.config.overrides import Override
 from nemo_gym.config.types import HELP_KEYS, BaseNeMoGymCLIConfig, RestartPolicy
 from nemo_gym.errors import NeMoGymConfigError, did_you_mean
+from nemo_gym.serving.limits import (
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    DEFAULT_MAX_REQUEST_HEAD_BYTES,
+    DEFAULT_REQUEST_BODY_TIMEOUT_S,
+    DEFAULT_REQUEST_HEAD_TIMEOUT_S,
+)
 
 __all__ = ["HeadServerKeys", "GlobalKeys", "FRAMEWORK_KEYS", "referenced_keys", "check_known_keys"]
 
@@ -126,22 +132,22 @@ class GlobalKeys(BaseNeMoGymCLIConfig):
     )
     global_aiohttp_client_request_debug: bool = Field(default=False, description="Log every HTTP client request.")
     max_request_body_bytes: int = Field(
-        default=32 * 1024 * 1024,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
         description="The largest request body a server reads; larger ones are answered 413 (a server block may "
         "set its own).",
     )
     max_request_head_bytes: int = Field(
-        default=64 * 1024,
+        default=DEFAULT_MAX_REQUEST_HEAD_BYTES,
         description="The largest request line and headers a server reads; larger ones are answered 431 (a server "
         "block may set its own).",
     )
     request_head_timeout_s: float = Field(
-        default=60.0,
+        default=DEFAULT_REQUEST_HEAD_TIMEOUT_S,
         description="Seconds a server waits for a request's headers once they began; then 408 (a server block may "
         "set its own).",
     )
     request_body_timeout_s: float = Field(
-        default=60.0,
+        default=DEFAULT_REQUEST_BODY_TIMEOUT_S,
         description="Seconds a request's body may stop arriving before the server answers 408 (a server block may "
         "set its own).",
     )
