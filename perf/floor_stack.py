@@ -393,15 +393,17 @@ def agent_routes(model_url: str, resources_url: str, pool: int) -> dict:
     return {b"/run": run}
 
 
-def start_floor(upstream: str, model_name: str = "fake-model", pool: int = 64, script: str = __file__) -> dict:
+def start_floor(upstream: str, model_name: str = "fake-model", pool: int = 64, script: str = __file__,
+                validate: bool = False) -> dict:
     """Start the three floor processes of `script` (this file, or `floor_stack_streams.py`) against the LLM at
-    `upstream` (no `/v1`); returns {"resources"|"model"|"agent": ChildProcess} once all three are ready, the agent
+    `upstream` (no `/v1`); `validate`: this file's servers with the contract's pydantic work
+    (`perf/floor_validated.py`). Returns {"resources"|"model"|"agent": ChildProcess} once all three are ready, the agent
     `/run` URL under "url" and each server's base URL under "urls"."""
     from nemo_gym.testing.stack import ChildProcess, free_port
 
     ports = {name: free_port() for name in ("resources", "model", "agent")}
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    cmd = [sys.executable, script]
+    cmd = [sys.executable, script, *(["--validate"] if validate else [])]
     roles = {
         "resources": [*cmd, "resources", "--port", str(ports["resources"])],
         "model": [*cmd, "model", "--port", str(ports["model"]), "--upstream", upstream, "--model-name", model_name,
@@ -452,6 +454,8 @@ def main() -> None:
     parser.add_argument("--model", help="agent: the model proxy's URL")
     parser.add_argument("--resources", help="agent: the resources server's URL")
     parser.add_argument("--pool", type=int, default=64, help="keep-alive connections per peer, at most")
+    parser.add_argument("--validate", action="store_true",
+                        help="the validated floor: the contract's pydantic work too (perf/floor_validated.py)")
     args = parser.parse_args()
 
     import gc
@@ -461,14 +465,18 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # quiet, immediate
 
+    roles = sys.modules[__name__]
+    if args.validate:
+        import floor_validated as roles
+
     async def amain() -> None:
         upstream = None
         if args.role == "resources":
-            routes = resources_routes()
+            routes = roles.resources_routes()
         elif args.role == "model":
-            routes, upstream = model_routes(args.upstream, args.model_name, args.pool)
+            routes, upstream = roles.model_routes(args.upstream, args.model_name, args.pool)
         else:
-            routes = agent_routes(args.model, args.resources, args.pool)
+            routes = roles.agent_routes(args.model, args.resources, args.pool)
         gc.collect()  # as the stack's servers do (nemo_gym/serving/runner.py tune_gc_for_serving)
         gc.freeze()
         gc.set_threshold(100_000, *gc.get_threshold()[1:])

@@ -3,13 +3,15 @@
 Starts one fake LLM (`nemo_gym.testing.fake_openai_server`, default script: a `get_weather` call, then a message),
 then the floor (`perf/floor_stack.py`: agent, model proxy, resources on bare `asyncio.Protocol`), the first floor
 (`perf/floor_stack_streams.py`: the same on asyncio streams, a second column for comparison; `--no-streams-floor`
-skips it) and the real stack (`ng_run` of example_single_tool_call + openai_model + simple_agent), all pointed at
+skips it), with `--validated-floor` the validated floor (`perf/floor_validated.py`: the floor plus exactly the
+pydantic work the API contract asks for, so stack / validated floor is our framework's own overhead) and the real
+stack (`ng_run` of example_single_tool_call + openai_model + simple_agent), all pointed at
 that LLM. For each in-flight level it drives each of them in turn with the same load generator (`drive` from
 `rollout_throughput.py`: `/run` calls with the first row of example.jsonl) and prints one table:
 
 - CPU ms per rollout = user + system CPU seconds of the three server processes (not the fake LLM, not the load
   generator) / rollouts, for the floor, the streams floor and the stack, and the ratios stack / floor (the
-  reference) and stack / streams floor;
+  reference) and stack / each other floor;
 - rollouts per second (wall) of each, and the ratio floor / stack;
 - the stack's CPU ms per rollout per process (agent, model proxy, resources), and for reference the fake LLM's
   and the load generator's under each (on 2 cores they bound the floor's rollouts/s).
@@ -22,6 +24,7 @@ servers, the fake LLM and the load generator, so rollouts/s is a lower bound on 
 the steadier figure.
 
     python perf/floor_vs_stack.py --in-flight 1,16,256,1024 --rollouts 2000 --repeats 3
+    python perf/floor_vs_stack.py --no-streams-floor --validated-floor --rollouts 1500 --sequential 300 --repeats 2
 """
 
 from __future__ import annotations
@@ -112,6 +115,9 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=64, help="floors: keep-alive connections per peer, at most")
     parser.add_argument("--no-streams-floor", action="store_true",
                         help="skip the first floor (perf/floor_stack_streams.py, asyncio streams): saves a third of the time")
+    parser.add_argument("--validated-floor", action="store_true",
+                        help="also measure the validated floor (perf/floor_validated.py: the floor plus the contract's "
+                             "pydantic work), so stack / validated floor shows the framework's own overhead")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs per level, floor and stack alternating; the table shows medians")
     args = parser.parse_args()
@@ -124,6 +130,8 @@ def main() -> None:
         try:
             if not args.no_streams_floor:
                 floors["streams"] = start_floor(backend.url, pool=args.pool, script=floor_stack_streams.__file__)
+            if args.validated_floor:
+                floors["validated"] = start_floor(backend.url, pool=args.pool, validate=True)
             with running_stack(backend) as servers:
                 runs = {name: (f["url"], {n: psutil.Process(f[n].proc.pid) for n in ("agent", "model", "resources")}, f)
                         for name, f in floors.items()}
@@ -145,40 +153,42 @@ def main() -> None:
             for floor in floors.values():
                 stop_floor(floor)
 
-    streams = "streams" in floors
-
+    extras = [name for name in floors if name != "floor"]  # columns beside the reference floor
+    short = {"streams": "str", "validated": "val"}
     print(f"fake LLM latency {args.latency_ms:g} ms; CPU = ms per rollout, user+system, of the 3 server processes; "
           f"medians of {args.repeats} runs per level; floor = perf/floor_stack.py (asyncio.Protocol, the reference)"
-          + ("; streams = perf/floor_stack_streams.py (asyncio streams)" if streams else ""))
-    scol = f" {'streams':>7}" if streams else ""
-    print(f"{'in flight':>9} {'rollouts':>8} | {'floor CPU':>9}{scol} {'stack CPU':>9} {'ratio':>6}"
-          + (f" {'vs str':>6}" if streams else "") + f" | {'floor r/s':>9}" + (f" {'str r/s':>7}" if streams else "")
+          + ("; streams = perf/floor_stack_streams.py (asyncio streams)" if "streams" in floors else "")
+          + ("; validated = the floor plus the contract's pydantic work (perf/floor_validated.py)"
+             if "validated" in floors else ""))
+    print(f"{'in flight':>9} {'rollouts':>8} | {'floor CPU':>9}" + "".join(f" {n:>9}" for n in extras)
+          + f" {'stack CPU':>9} {'ratio':>6}" + "".join(f" {'vs ' + short[n]:>6}" for n in extras)
+          + f" | {'floor r/s':>9}" + "".join(f" {short[n] + ' r/s':>7}" for n in extras)
           + f" {'stack r/s':>9} {'ratio':>6} | {'agent':>6} {'model':>6} {'resrc':>6} | {'LLM f/s':>11} "
-          f"{'driver f/s':>11} {'fail f/s':>8}" + (f" {'fail str':>8}" if streams else ""))
+          f"{'driver f/s':>11} {'fail f/s':>8}" + "".join(f" {'fail ' + short[n]:>8}" for n in extras))
     for r in results:
         f, s = r["floor"], r["stack"]
         p = s["per_process"]
-        st = r.get("streams")
-        print(f"{r['level']:>9} {r['total']:>8} | {f['cpu']:>9.2f}" + (f" {st['cpu']:>7.2f}" if st else "")
-              + f" {s['cpu']:>9.2f} {times(s['cpu'], f['cpu']):>6}" + (f" {times(s['cpu'], st['cpu']):>6}" if st else "")
-              + f" | {f['rps']:>9.0f}" + (f" {st['rps']:>7.0f}" if st else "")
+        print(f"{r['level']:>9} {r['total']:>8} | {f['cpu']:>9.2f}" + "".join(f" {r[n]['cpu']:>9.2f}" for n in extras)
+              + f" {s['cpu']:>9.2f} {times(s['cpu'], f['cpu']):>6}" + "".join(f" {times(s['cpu'], r[n]['cpu']):>6}" for n in extras)
+              + f" | {f['rps']:>9.0f}" + "".join(f" {r[n]['rps']:>7.0f}" for n in extras)
               + f" {s['rps']:>9.0f} {times(f['rps'], s['rps']):>6} | {p['agent']:>6.2f} {p['model']:>6.2f} "
               f"{p['resources']:>6.2f} | {f['llm']:>5.2f}/{s['llm']:<5.2f} {f['driver']:>5.2f}/{s['driver']:<5.2f} "
-              f"{f['failures']:>4}/{s['failures']:<3}" + (f" {st['failures']:>8}" if st else ""))
+              f"{f['failures']:>4}/{s['failures']:<3}" + "".join(f" {r[n]['failures']:>8}" for n in extras))
     print("per process, floor -> stack (CPU ms per rollout), and the spread of the runs' totals:")
     for r in results:
         f, s = r["floor"]["per_process"], r["stack"]["per_process"]
         print(f"{r['level']:>9} | " + "  ".join(f"{n} {f[n]:.2f} -> {s[n]:.2f} ({times(s[n], f[n])})" for n in ("agent", "model", "resources"))
               + f" | floor {r['floor']['spread'][0]:.2f}..{r['floor']['spread'][1]:.2f}, stack {r['stack']['spread'][0]:.2f}..{r['stack']['spread'][1]:.2f}")
-    if streams:
-        print("per process, streams floor (CPU ms per rollout), and the spread of its runs' totals:")
+    for name in extras:
+        print(f"per process, the {name} floor -> stack (CPU ms per rollout), and the spread of its runs' totals:")
         for r in results:
-            st = r["streams"]
-            print(f"{r['level']:>9} | " + "  ".join(f"{n} {st['per_process'][n]:.2f}" for n in ("agent", "model", "resources"))
-                  + f" | streams {st['spread'][0]:.2f}..{st['spread'][1]:.2f}")
-    print("ratio: stack CPU / floor CPU, floor rollouts/s / stack rollouts/s" + ("; vs str: stack CPU / streams floor CPU"
-          if streams else "") + "; agent/model/resrc: the stack's CPU per process; LLM, driver: CPU ms per rollout of "
-          "the fake LLM and of the load generator under floor / stack")
+            e, s = r[name]["per_process"], r["stack"]["per_process"]
+            print(f"{r['level']:>9} | " + "  ".join(f"{n} {e[n]:.2f} -> {s[n]:.2f} ({times(s[n], e[n])})"
+                                                    for n in ("agent", "model", "resources"))
+                  + f" | {name} {r[name]['spread'][0]:.2f}..{r[name]['spread'][1]:.2f}")
+    print("ratio: stack CPU / floor CPU, floor rollouts/s / stack rollouts/s" + "".join(
+          f"; vs {short[n]}: stack CPU / {n} floor CPU" for n in extras) + "; agent/model/resrc: the stack's CPU per "
+          "process; LLM, driver: CPU ms per rollout of the fake LLM and of the load generator under floor / stack")
     wrong = [(name, r["level"], r[name]["exchanges"]) for r in results for name in floors
              if r[name]["exchanges"] != [EXCHANGES_PER_ROLLOUT]]
     for name, level, seen in wrong:
