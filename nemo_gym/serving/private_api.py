@@ -188,12 +188,19 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
       one socket read more is looked at, and httptools' joining of a header's pieces stays bounded);
     - a head not complete `head_timeout` seconds after it began is answered 408 and the connection closed;
     - a body from which nothing more arrived for `body_timeout` seconds (one timer period more at most) is answered
-      408 and the connection closed, unless we paused reading it (flow control: the app is slow, not the client)."""
+      408 and the connection closed, unless we paused reading it (flow control: the app is slow, not the client);
+    - more than `max_pipelined` requests waiting behind one not yet answered close the connection."""
 
     max_body: ClassVar[Optional[int]] = _LIMITS.max_body
     max_head: ClassVar[Optional[int]] = _LIMITS.max_head
     head_timeout: ClassVar[Optional[float]] = _LIMITS.head_timeout_s
     body_timeout: ClassVar[Optional[float]] = _LIMITS.body_timeout_s
+    # At most this many requests wait on one connection behind the one being answered (HTTP/1.1 pipelining). uvicorn
+    # queues every pipelined request it parses and reads on after each answer (and whenever an app reads its body),
+    # so a client that sent requests without reading the answers grew a server by about 145 MB per connection (8
+    # connections: 1.2 GB, kept after they closed). Past this many the connection is closed (they cannot be answered
+    # out of order); the few clients that pipeline at all keep a handful in flight.
+    max_pipelined: ClassVar[int] = 128
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -222,6 +229,7 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         self.reads_seen_at = 0.0
         periods = [t for t in (self.timeout_keep_alive, self.head_timeout, self.body_timeout) if t is not None]
         self._timer_period = min(periods)
+        self.dropping = False  # closed for too many pipelined requests: the rest of the read is not looked at
 
     # -- keep-alive: one timer per idle period (the module docstring) -------------------------------------------
 
@@ -334,6 +342,8 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         refused.answer()
 
     def on_headers_complete(self) -> None:
+        if self.dropping:
+            return
         self.head_open = False
         head_limit = self.max_head
         if head_limit is not None and self.head_first + self.head_size > head_limit and self._head_size_over(head_limit):
@@ -374,9 +384,25 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
                 scope["query_string"] = b""
                 self.cycle = _DirectCycle(self, scope, route, version != "1.0" and parser.should_keep_alive())
                 return
+        if cycle is not None and not cycle.response_complete and len(self.pipeline) >= self.max_pipelined:
+            self._drop_pipelined_flood()
+            return
         super().on_headers_complete()
 
+    def _drop_pipelined_flood(self) -> None:
+        """More than `max_pipelined` requests wait behind an unanswered one: drop them and close the connection (what
+        was already written still goes out; the answer in progress does not)."""
+        self.dropping = True
+        self.pipeline.clear()
+        self.logger.warning(
+            "Closed a connection from %s: more than %d requests were sent behind one not yet answered (HTTP "
+            "pipelining) without reading the answers.", get_client_addr(self.scope), self.max_pipelined
+        )
+        self.transport.close()
+
     def on_body(self, body: bytes) -> None:
+        if self.dropping:
+            return
         cycle = self.cycle
         kind = type(cycle)
         if kind is _DirectCycle:
@@ -409,6 +435,8 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         refused.answer()
 
     def on_message_complete(self) -> None:
+        if self.dropping:
+            return
         cycle = self.cycle
         if type(cycle) is _RefusedCycle:
             if not cycle.response_started:

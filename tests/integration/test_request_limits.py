@@ -5,7 +5,8 @@ length or comes chunked, on hot routes and on FastAPI's own; a 422 never echoes 
 and a server's memory comes back near where it was after a burst of large bodies it did accept. A head (request line
 and headers) is held to its own limits: an endless header is cut off soon after the global default of 64 KiB
 without growing the server, one over a server block's own limit is answered 431, and one that stops arriving
-408 after the configured timeout; so is a body that stops arriving.
+408 after the configured timeout; so is a body that stops arriving. A client that pipelines requests without
+reading the answers is cut off without growing the server.
 """
 
 from __future__ import annotations
@@ -172,3 +173,32 @@ def test_a_body_that_stops_arriving_is_answered_408_after_the_configured_timeout
         answer = read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
     assert b"for 1 s" in answer and b"request_body_timeout_s" in answer
+
+
+def test_pipelining_without_reading_the_answers_does_not_grow_the_server(stack):
+    """uvicorn queued every pipelined request it read; 8 such connections grew a server to 1.2 GB before the limit
+    (`NeMoGymHttpProtocol.max_pipelined`)."""
+    servers, _ = stack
+    name = "gated_counter_resources_server"
+    url, pid = _url(servers, name), servers[name]["pid"]
+    host, port = url.removeprefix("http://").split(":")
+    request = (b"POST /seed_session HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: 2\r\n\r\n{}")
+    before = _rss(pid)
+    sent = []
+    for _ in range(4):
+        with socket.create_connection((host, int(port)), timeout=2) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and never read
+            count = 0
+            deadline = time.monotonic() + 10
+            try:
+                while time.monotonic() < deadline:
+                    sock.sendall(request * 100)
+                    count += 100
+            except OSError:  # closed by the server (reset), or it stopped reading (timeout)
+                pass
+            sent.append(count)
+    assert all(count < 1_000_000 for count in sent), sent  # the server did not read on for 10 s
+    grown = _rss(pid) - before
+    assert grown < 20 * 1024 * 1024, f"RSS grew by {grown / 2**20:.1f} MB after {sum(sent)} pipelined requests"
+    assert httpx.post(f"{url}/seed_session", json={}, timeout=10).status_code == 200

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 
@@ -399,3 +400,47 @@ def test_a_body_trickling_in_for_longer_than_the_timeout_is_served(small_head_ur
             sock.sendall(request[i:i + 10])
         [(status, _, body)] = _read_responses(sock, 1)
     assert status == 200 and json.loads(body)["text"] == text
+
+
+# -- pipelining: at most `max_pipelined` requests wait behind an unanswered one -------------------------------------
+
+
+class FewPipelinedProtocol(NeMoGymHttpProtocol):
+    """The protocol with room for 4 requests queued behind the one being answered (a subclass: the real class stays
+    as is)."""
+
+    max_pipelined = 4
+
+
+@pytest.fixture(scope="module")
+def few_pipelined_url():
+    server = NoteServer(config=make_config("notes"), server_client=ServerClient(head_server_config=None, global_config_dict={}))
+    with live_server(serving_app(server.build_app()), http=FewPipelinedProtocol, proxy_headers=False,
+                     timeout_keep_alive=5) as base_url:
+        yield base_url
+
+
+def test_pipelined_requests_within_the_limit_are_all_answered_in_order(few_pipelined_url):
+    with _connect(few_pipelined_url) as sock:
+        sock.sendall(b"".join(_post(f"n{i}") for i in range(5)))  # one answered, 4 waiting: the limit
+        answers = _read_responses(sock, 5)
+    assert [json.loads(body)["text"] for _, _, body in answers] == [f"n{i}" for i in range(5)]
+
+
+def test_a_connection_that_pipelines_past_the_limit_is_closed_and_the_server_serves_on(few_pipelined_url):
+    warnings: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("uvicorn.error")  # uvicorn's, which does not propagate to pytest's capture
+    logger.addHandler(handler)
+    try:
+        with _connect(few_pipelined_url) as sock:
+            sock.sendall(b"".join(_post(f"n{i}") for i in range(200)))
+            answer = read_until_closed(sock)
+    finally:
+        logger.removeHandler(handler)
+    # Closed instead of queueing 199 requests; at most the one in progress was answered before the close.
+    assert answer.count(b"HTTP/1.1 200 ") <= 1, answer[:500]
+    assert any("more than 4 requests were sent behind one not yet answered" in w for w in warnings), warnings
+    with httpx.Client(base_url=few_pipelined_url) as client:
+        assert client.post("/note", json={"text": "after"}).json()["text"] == "after"
