@@ -189,17 +189,19 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
     - a head not complete `head_timeout` seconds after it began is answered 408 and the connection closed;
     - a body from which nothing more arrived for `body_timeout` seconds (one timer period more at most) is answered
       408 and the connection closed, unless we paused reading it (flow control: the app is slow, not the client);
-    - more than `max_pipelined` requests waiting behind one not yet answered close the connection."""
+    - more than `max_pipelined` requests waiting behind one not yet answered, or more than `max_body` bytes of their
+      bodies together, close the connection."""
 
     max_body: ClassVar[Optional[int]] = _LIMITS.max_body
     max_head: ClassVar[Optional[int]] = _LIMITS.max_head
     head_timeout: ClassVar[Optional[float]] = _LIMITS.head_timeout_s
     body_timeout: ClassVar[Optional[float]] = _LIMITS.body_timeout_s
-    # At most this many requests wait on one connection behind the one being answered (HTTP/1.1 pipelining). uvicorn
-    # queues every pipelined request it parses and reads on after each answer (and whenever an app reads its body),
-    # so a client that sent requests without reading the answers grew a server by about 145 MB per connection (8
-    # connections: 1.2 GB, kept after they closed). Past this many the connection is closed (they cannot be answered
-    # out of order); the few clients that pipeline at all keep a handful in flight.
+    # At most this many requests, with at most `max_body` bytes of bodies together, wait on one connection behind
+    # the one being answered (HTTP/1.1 pipelining). uvicorn queues every pipelined request it parses and reads on after
+    # each answer (and whenever an app reads its body), so a client that sent requests without reading the answers
+    # grew a server by about 145 MB per connection (8 connections: 1.2 GB, kept after they closed). Past either
+    # limit the connection is closed (they cannot be answered out of order); the few clients that pipeline at all
+    # keep a handful of small requests in flight.
     max_pipelined: ClassVar[int] = 128
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -384,21 +386,29 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
                 scope["query_string"] = b""
                 self.cycle = _DirectCycle(self, scope, route, version != "1.0" and parser.should_keep_alive())
                 return
-        if cycle is not None and not cycle.response_complete and len(self.pipeline) >= self.max_pipelined:
-            self._drop_pipelined_flood()
+        if cycle is not None and not cycle.response_complete and self.pipeline and self._pipeline_full():
             return
         super().on_headers_complete()
 
-    def _drop_pipelined_flood(self) -> None:
-        """More than `max_pipelined` requests wait behind an unanswered one: drop them and close the connection (what
-        was already written still goes out; the answer in progress does not)."""
+    def _pipeline_full(self) -> bool:
+        """Whether the requests waiting behind an unanswered one are already `max_pipelined`, or hold more than
+        `max_body` bytes of bodies together; if so, drop them and close the connection (what was already written
+        still goes out; the answer in progress does not)."""
+        pipeline = self.pipeline
+        if len(pipeline) >= self.max_pipelined:
+            what = f"more than {self.max_pipelined} requests"
+        elif self.max_body is not None and sum(len(waiting.body) for waiting, _ in pipeline) > self.max_body:
+            what = f"requests with more than {self.max_body} bytes of bodies"
+        else:
+            return False
         self.dropping = True
-        self.pipeline.clear()
+        pipeline.clear()
         self.logger.warning(
-            "Closed a connection from %s: more than %d requests were sent behind one not yet answered (HTTP "
-            "pipelining) without reading the answers.", get_client_addr(self.scope), self.max_pipelined
+            "Closed a connection from %s: %s were sent behind one not yet answered (HTTP pipelining) without "
+            "reading the answers.", get_client_addr(self.scope), what
         )
         self.transport.close()
+        return True
 
     def on_body(self, body: bytes) -> None:
         if self.dropping:

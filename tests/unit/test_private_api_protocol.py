@@ -406,10 +406,11 @@ def test_a_body_trickling_in_for_longer_than_the_timeout_is_served(small_head_ur
 
 
 class FewPipelinedProtocol(NeMoGymHttpProtocol):
-    """The protocol with room for 4 requests queued behind the one being answered (a subclass: the real class stays
-    as is)."""
+    """The protocol with room for 4 requests, 16 KiB of bodies together, queued behind the one being answered (a
+    subclass: the real class stays as is)."""
 
     max_pipelined = 4
+    max_body = 16 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -427,20 +428,37 @@ def test_pipelined_requests_within_the_limit_are_all_answered_in_order(few_pipel
     assert [json.loads(body)["text"] for _, _, body in answers] == [f"n{i}" for i in range(5)]
 
 
-def test_a_connection_that_pipelines_past_the_limit_is_closed_and_the_server_serves_on(few_pipelined_url):
+def _pipelined_until_closed(url: str, requests: bytes) -> tuple[bytes, list[str]]:
+    """What the server answers to `requests` sent in one write (until it closes), and what it logged meanwhile."""
     warnings: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
     logger = logging.getLogger("uvicorn.error")  # uvicorn's, which does not propagate to pytest's capture
     logger.addHandler(handler)
     try:
-        with _connect(few_pipelined_url) as sock:
-            sock.sendall(b"".join(_post(f"n{i}") for i in range(200)))
+        with _connect(url) as sock:
+            sock.sendall(requests)
             answer = read_until_closed(sock)
     finally:
         logger.removeHandler(handler)
+    return answer, warnings
+
+
+def test_a_connection_that_pipelines_past_the_limit_is_closed_and_the_server_serves_on(few_pipelined_url):
+    answer, warnings = _pipelined_until_closed(few_pipelined_url, b"".join(_post(f"n{i}") for i in range(200)))
     # Closed instead of queueing 199 requests; at most the one in progress was answered before the close.
     assert answer.count(b"HTTP/1.1 200 ") <= 1, answer[:500]
     assert any("more than 4 requests were sent behind one not yet answered" in w for w in warnings), warnings
     with httpx.Client(base_url=few_pipelined_url) as client:
         assert client.post("/note", json={"text": "after"}).json()["text"] == "after"
+
+
+def test_a_connection_that_pipelines_bodies_past_the_body_limit_together_is_closed(few_pipelined_url):
+    # Each body is under the 16 KiB limit; one waiting is fine (3 requests: all answered), two hold more than it.
+    with _connect(few_pipelined_url) as sock:
+        sock.sendall(b"".join(_post(f"{i}" * 9000) for i in range(3)))
+        answers = _read_responses(sock, 3)
+    assert [json.loads(body)["text"][0] for _, _, body in answers] == ["0", "1", "2"]
+    answer, warnings = _pipelined_until_closed(few_pipelined_url, b"".join(_post("b" * 9000) for _ in range(4)))
+    assert answer.count(b"HTTP/1.1 200 ") <= 1, answer[:500]
+    assert any("more than 16384 bytes of bodies were sent behind one not yet answered" in w for w in warnings), warnings
