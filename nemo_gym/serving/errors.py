@@ -42,10 +42,14 @@ __all__ = [
     "eprint",
     "truncate",
     "INPUT_EXCERPT_CHARS",
+    "MAX_VALIDATION_ERRORS",
 ]
 
 # What a 422 answer keeps of each offending input (its repr, for anything that is not a short string or number).
 INPUT_EXCERPT_CHARS = 200
+# The errors a 422 answer lists at most; one more entry says how many were left out. pydantic reports one error per
+# bad item, so a 2 MB body of a million bad list items made a 332 MB answer (10 s of the server's event loop).
+MAX_VALIDATION_ERRORS = 50
 # Upstream failures worth one log line, not a traceback: the peer is down, refused, reset or too slow.
 _UPSTREAM_ERRORS = (
     httpx.TransportError, aiohttp.ClientError, ConnectionError, asyncio.TimeoutError, StackServerFailed,
@@ -183,15 +187,25 @@ def _excerpt(value: Any) -> Any:
 
 
 def validation_error_content(errors: Any) -> dict:
-    """FastAPI's 422 body (`{"detail": [...]}`) with every `input` cut to an excerpt and `ctx` values made JSON."""
+    """FastAPI's 422 body (`{"detail": [...]}`) with every `input` cut to an excerpt and `ctx` values made JSON; past
+    `MAX_VALIDATION_ERRORS` errors, one last entry of the same shape counts the rest."""
     detail = []
-    for error in errors:
+    errors = list(errors)
+    for error in errors[:MAX_VALIDATION_ERRORS]:
         error = dict(error)
         if "input" in error:
             error["input"] = _excerpt(error["input"])
         if "ctx" in error:
             error["ctx"] = {k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v) for k, v in error["ctx"].items()}
         detail.append(error)
+    left_out = len(errors) - MAX_VALIDATION_ERRORS
+    if left_out > 0:
+        detail.append({
+            "type": "too_many_errors",
+            "loc": ["body"],
+            "msg": f"{left_out} more validation errors are not listed (the first {MAX_VALIDATION_ERRORS} are above)",
+            "input": None,
+        })
     return {"detail": detail}
 
 

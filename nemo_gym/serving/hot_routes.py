@@ -263,10 +263,11 @@ class HotRoutes:
         (`await asgi(app)`), which is where everything unusual goes: a body that is not valid JSON for the route
         (FastAPI answers), a streamed request, an endpoint's streaming or background `Response`."""
         direct: _DirectLayers = self.direct
-        if (direct.stream is not None and direct.stream.streams(scope["path"], body)) or not self._enter(
-            scope, hot, body
-        ):
+        if direct.stream is not None and direct.stream.streams(scope["path"], body):
             await responder.asgi(self)
+            return
+        if not self._enter(scope, hot, body):
+            await responder.asgi(self.app)  # FastAPI answers, as `__call__` would after the same check fails
             return
         errors, sessions = direct.errors, direct.sessions
         try:

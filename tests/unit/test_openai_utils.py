@@ -159,6 +159,23 @@ def test_items_without_type_or_role_and_unknown_types_are_rejected():
         _validate_items([{"role": "user", "content": [{"type": "bogus_part"}]}])
 
 
+def test_a_long_list_of_bad_items_stops_at_the_first_one():
+    # pydantic reports every bad item otherwise: a million of them took seconds to refuse (issue 24).
+    for bad in ([1] * 10_000, [{"role": "user", "content": "fine"}] * 3 + [{"type": "not_a_thing"}] * 10_000):
+        with pytest.raises(ValidationError) as caught:
+            NeMoGymResponseCreateParamsNonStreaming.model_validate({"input": bad})
+        errors = caught.value.errors()
+        assert len(errors) <= 2, errors[:5]  # the first bad item (per member of the string-or-items union)
+        assert any(error["loc"][:3] == ("input", "items", len(bad) - 10_000) for error in errors), errors
+    for field, value in (("tools", [{"type": "function"}] * 10_000), ("include", [1] * 10_000)):
+        with pytest.raises(ValidationError) as caught:
+            NeMoGymResponseCreateParamsNonStreaming.model_validate({"input": "hi", field: value})
+        assert caught.value.error_count() <= 2
+    with pytest.raises(ValidationError) as caught:
+        NeMoGymChatCompletionCreateParamsNonStreaming.model_validate({"messages": [1] * 10_000})
+    assert caught.value.error_count() <= 2
+
+
 def test_items_from_model_instances_are_kept_without_revalidation():
     call = NeMoGymResponseFunctionToolCall(arguments="{}", call_id="c", name="f")
     out = NeMoGymResponseOutputMessage(id="m", content=[NeMoGymResponseOutputText(text="x")])

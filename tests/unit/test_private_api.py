@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 import nemo_gym
 from nemo_gym.serving.body import BodyLimit
-from nemo_gym.serving.errors import INPUT_EXCERPT_CHARS, validation_error_content
+from nemo_gym.serving.errors import INPUT_EXCERPT_CHARS, MAX_VALIDATION_ERRORS, validation_error_content
 from nemo_gym.serving.private_api import check_compatibility, request_with_body, route_shape, typed_signature
 
 PACKAGE = Path(nemo_gym.__file__).parent
@@ -149,3 +149,14 @@ def test_a_422_keeps_small_inputs_and_cuts_large_ones(value, kept):
         assert detail[0]["input"] == value
     else:
         assert isinstance(detail[0]["input"], str) and len(detail[0]["input"]) < INPUT_EXCERPT_CHARS + 40
+
+
+def test_a_422_lists_at_most_max_validation_errors_and_counts_the_rest():
+    errors = [{"type": "int_parsing", "loc": ("body", "x", i), "msg": "m", "input": "a"} for i in range(5000)]
+    detail = validation_error_content(errors)["detail"]
+    assert len(detail) == MAX_VALIDATION_ERRORS + 1
+    assert [d["loc"][-1] for d in detail[:MAX_VALIDATION_ERRORS]] == list(range(MAX_VALIDATION_ERRORS))
+    last = detail[-1]  # the same shape as the others, so clients that read "detail" still can
+    assert last["type"] == "too_many_errors" and set(last) == {"type", "loc", "msg", "input"}
+    assert f"{5000 - MAX_VALIDATION_ERRORS} more validation errors" in last["msg"]
+    assert len(validation_error_content(errors[:MAX_VALIDATION_ERRORS])["detail"]) == MAX_VALIDATION_ERRORS
