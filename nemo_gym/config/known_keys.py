@@ -40,6 +40,7 @@ from nemo_gym.serving.limits import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     DEFAULT_MAX_REQUEST_HEAD_BYTES,
     DEFAULT_REQUEST_BODY_TIMEOUT_S,
+    DEFAULT_RESPONSE_SEND_TIMEOUT_S,
     DEFAULT_REQUEST_HEAD_TIMEOUT_S,
 )
 
@@ -150,6 +151,11 @@ class GlobalKeys(BaseNeMoGymCLIConfig):
         default=DEFAULT_REQUEST_BODY_TIMEOUT_S,
         description="Seconds a request's body may stop arriving before the server answers 408 (a server block may "
         "set its own).",
+    )
+    response_send_timeout_s: float = Field(
+        default=DEFAULT_RESPONSE_SEND_TIMEOUT_S,
+        description="Seconds a client may read nothing of an answer (the socket full) before the server closes the "
+        "connection (a server block may set its own).",
     )
     observability_enabled: bool = Field(
         default=False,

@@ -296,11 +296,13 @@ class BaseRunServerConfig(BaseServerConfig):
     # (nemo_gym/serving/limits.py). None: the global `max_request_body_bytes`, else 32 MiB.
     max_request_body_bytes: Optional[int] = Field(default=None, ge=1)
     # The largest request line and headers (bytes; else 431), how long they may take to arrive once begun and how
-    # long a body may stop arriving (seconds; else 408). None: the global keys of these names, else 64 KiB, 60 s and
+    # long a body may stop arriving (seconds; else 408), and how long a client may read nothing of an answer
+    # (seconds; else the connection is closed). None: the global keys of these names, else 64 KiB, 60 s, 60 s and
     # 60 s (nemo_gym/serving/limits.py).
     max_request_head_bytes: Optional[int] = Field(default=None, ge=1)
     request_head_timeout_s: Optional[float] = Field(default=None, gt=0)
     request_body_timeout_s: Optional[float] = Field(default=None, gt=0)
+    response_send_timeout_s: Optional[float] = Field(default=None, gt=0)
 
 
 class BaseRunServerInstanceConfig(BaseRunServerConfig):

@@ -1,11 +1,13 @@
 """What one request may take of a server: the size of its body, the size of its head (request line and headers),
-how long its head may take to arrive, and how long its body may stop arriving.
+how long its head may take to arrive, how long its body may stop arriving, and how long its client may stop
+reading the answer.
 
 Why each limit: a body or a head is held in memory whole before anything looks at it, so without a cap one client
 can make a server grow without bound; and httptools gathers a header arriving in many reads by joining the pieces,
 so a 200 MB header kept a server's event loop busy for 47 s (every other request waited). A head or a body that
 never finishes (a client sending a byte now and then, or nothing more) holds a connection and its memory for ever:
-uvicorn starts no timer until a first answer has gone out.
+uvicorn starts no timer until a first answer has gone out. So does an answer its client stopped reading: uvicorn
+waits for the socket to drain for ever, and a streaming model server kept its call to the backend open.
 
 The limits come from the server's config block, else the global config, else the defaults here. `ng_run` starts
 each server with its own; a multi-worker server hands them to its uvicorn workers in the environment
@@ -35,12 +37,15 @@ __all__ = [
     "DEFAULT_MAX_REQUEST_HEAD_BYTES",
     "DEFAULT_REQUEST_HEAD_TIMEOUT_S",
     "DEFAULT_REQUEST_BODY_TIMEOUT_S",
+    "RESPONSE_SEND_TIMEOUT_KEY_NAME",
+    "DEFAULT_RESPONSE_SEND_TIMEOUT_S",
 ]
 
 MAX_REQUEST_BODY_BYTES_KEY_NAME = "max_request_body_bytes"
 MAX_REQUEST_HEAD_BYTES_KEY_NAME = "max_request_head_bytes"
 REQUEST_HEAD_TIMEOUT_KEY_NAME = "request_head_timeout_s"
 REQUEST_BODY_TIMEOUT_KEY_NAME = "request_body_timeout_s"
+RESPONSE_SEND_TIMEOUT_KEY_NAME = "response_send_timeout_s"
 
 # Larger than any rollout we have seen (a long multi-turn trajectory with token ids and log probs is a few MB), small
 # enough that a stray upload cannot take a server's memory.
@@ -52,12 +57,16 @@ DEFAULT_MAX_REQUEST_HEAD_BYTES = 64 * 1024
 DEFAULT_REQUEST_HEAD_TIMEOUT_S = 60.0
 # nginx's client_body_timeout: the longest a body may stop arriving (between two reads, not for the whole body).
 DEFAULT_REQUEST_BODY_TIMEOUT_S = 60.0
+# nginx's send_timeout: the longest a client may read nothing of an answer once the socket's buffers are full (a
+# stream it stopped reading held the answer, and a model server's call to its backend, for ever).
+DEFAULT_RESPONSE_SEND_TIMEOUT_S = 60.0
 
 _ENV_VARS = {
     "max_body": "NEMO_GYM_MAX_REQUEST_BODY_BYTES",
     "max_head": "NEMO_GYM_MAX_REQUEST_HEAD_BYTES",
     "head_timeout_s": "NEMO_GYM_REQUEST_HEAD_TIMEOUT_S",
     "body_timeout_s": "NEMO_GYM_REQUEST_BODY_TIMEOUT_S",
+    "send_timeout_s": "NEMO_GYM_RESPONSE_SEND_TIMEOUT_S",
 }
 
 
@@ -69,6 +78,7 @@ class RequestLimits:
     max_head: Optional[int] = DEFAULT_MAX_REQUEST_HEAD_BYTES
     head_timeout_s: Optional[float] = DEFAULT_REQUEST_HEAD_TIMEOUT_S
     body_timeout_s: Optional[float] = DEFAULT_REQUEST_BODY_TIMEOUT_S
+    send_timeout_s: Optional[float] = DEFAULT_RESPONSE_SEND_TIMEOUT_S
 
     @classmethod
     def from_env(cls) -> "RequestLimits":
@@ -103,6 +113,8 @@ _KEYS = (
      "how long a server waits for a request's headers"),
     ("body_timeout_s", REQUEST_BODY_TIMEOUT_KEY_NAME, seconds, DEFAULT_REQUEST_BODY_TIMEOUT_S,
      "how long a request's body may stop arriving"),
+    ("send_timeout_s", RESPONSE_SEND_TIMEOUT_KEY_NAME, seconds, DEFAULT_RESPONSE_SEND_TIMEOUT_S,
+     "how long a client may read nothing of an answer"),
 )
 
 

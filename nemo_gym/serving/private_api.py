@@ -73,6 +73,7 @@ except ImportError:  # uvicorn < 0.32 keeps it in uvicorn.main
     from uvicorn.main import STARTUP_FAILURE
 
 from nemo_gym.serving.limits import (
+    RESPONSE_SEND_TIMEOUT_KEY_NAME,
     RequestLimits,
     body_too_slow_body,
     head_too_large_body,
@@ -190,12 +191,15 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
     - a body from which nothing more arrived for `body_timeout` seconds (one timer period more at most) is answered
       408 and the connection closed, unless we paused reading it (flow control: the app is slow, not the client);
     - more than `max_pipelined` requests waiting behind one not yet answered, or more than `max_body` bytes of their
-      bodies together, close the connection."""
+      bodies together, close the connection;
+    - a client that reads nothing of an answer for `send_timeout` seconds once the socket is full (writing paused)
+      has its connection dropped, and the app sees a disconnect (a stream stops; its upstream call is closed)."""
 
     max_body: ClassVar[Optional[int]] = _LIMITS.max_body
     max_head: ClassVar[Optional[int]] = _LIMITS.max_head
     head_timeout: ClassVar[Optional[float]] = _LIMITS.head_timeout_s
     body_timeout: ClassVar[Optional[float]] = _LIMITS.body_timeout_s
+    send_timeout: ClassVar[Optional[float]] = _LIMITS.send_timeout_s
     # At most this many requests, with at most `max_body` bytes of bodies together, wait on one connection behind
     # the one being answered (HTTP/1.1 pipelining). uvicorn queues every pipelined request it parses and reads on after
     # each answer (and whenever an app reads its body), so a client that sent requests without reading the answers
@@ -232,6 +236,7 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         periods = [t for t in (self.timeout_keep_alive, self.head_timeout, self.body_timeout) if t is not None]
         self._timer_period = min(periods)
         self.dropping = False  # closed for too many pipelined requests: the rest of the read is not looked at
+        self.send_timer: Optional[asyncio.TimerHandle] = None  # armed while writing is paused (the client not reading)
 
     # -- keep-alive: one timer per idle period (the module docstring) -------------------------------------------
 
@@ -296,7 +301,35 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         if self.keep_alive_timer is not None:
             self.keep_alive_timer.cancel()
             self.keep_alive_timer = None
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
         super().connection_lost(exc)
+
+    # -- an answer the client stopped reading (the class docstring) ---------------------------------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.send_timeout is not None and self.send_timer is None:
+            self.send_timer = self.loop.call_later(self.send_timeout, self._send_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
+
+    def _send_stalled(self) -> None:
+        """Writing has been paused for `send_timeout`: the client reads nothing. Drop the connection (closing would
+        wait for the unread answer to drain first)."""
+        self.send_timer = None
+        scope = getattr(self, "scope", None) or {}
+        self.logger.warning(
+            'Dropped a connection from %s: it read nothing of the answer to "%s %s" for %g s (%s).',
+            get_client_addr(scope) if "client" in scope else "?", scope.get("method", "-"), scope.get("path", "-"),
+            self.send_timeout, RESPONSE_SEND_TIMEOUT_KEY_NAME,
+        )
+        self.transport.abort()
 
     # -- the head: its size and its time (the class docstring) --------------------------------------------------
 
@@ -655,6 +688,7 @@ def protocol_with_limits(limits: RequestLimits) -> type[NeMoGymHttpProtocol]:
     NeMoGymHttpProtocol.max_head = limits.max_head
     NeMoGymHttpProtocol.head_timeout = limits.head_timeout_s
     NeMoGymHttpProtocol.body_timeout = limits.body_timeout_s
+    NeMoGymHttpProtocol.send_timeout = limits.send_timeout_s
     limits.export_to_env()
     return NeMoGymHttpProtocol
 
@@ -771,7 +805,7 @@ def check_compatibility() -> list[str]:
     for name in (
         "on_message_begin", "on_headers_complete", "on_body", "on_message_complete", "on_response_complete",
         "data_received", "connection_made", "connection_lost", "timeout_keep_alive_handler",
-        "_unset_keepalive_if_required",
+        "_unset_keepalive_if_required", "pause_writing", "resume_writing",
     ):
         if not callable(getattr(HttpToolsProtocol, name, None)):
             problems.append(f"uvicorn: HttpToolsProtocol.{name} is gone")

@@ -7,10 +7,12 @@ and headers) is held to its own limits: an endless header is cut off soon after 
 without growing the server, one over a server block's own limit is answered 431, and one that stops arriving
 408 after the configured timeout; so is a body that stops arriving. A client that pipelines requests without
 reading the answers is cut off without growing the server, and a body of a million bad list items gets a short 422.
+A client that stops reading a streamed answer is dropped after the configured send timeout.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -32,6 +34,7 @@ def stack():
     with FakeLLMBackend() as backend:
         overrides = fake_llm_overrides(["configs/collect.yaml"], backend.base_url, head_port)
         limits = [f"+max_request_body_bytes={LIMIT}", "+request_head_timeout_s=1", "+request_body_timeout_s=1",
+                  "+response_send_timeout_s=1",
                   f"++counter_simple_agent.responses_api_agents.simple_agent.max_request_head_bytes={AGENT_HEAD_LIMIT}"]
         with NgRunStack([*overrides, *limits], cwd=FIXTURE_STACK) as run:
             run.wait_for("servers ready", timeout=120)
@@ -219,3 +222,26 @@ def test_pipelining_without_reading_the_answers_does_not_grow_the_server(stack):
     grown = _rss(pid) - before
     assert grown < 20 * 1024 * 1024, f"RSS grew by {grown / 2**20:.1f} MB after {sum(sent)} pipelined requests"
     assert httpx.post(f"{url}/seed_session", json={}, timeout=10).status_code == 200
+
+
+def test_a_client_that_stops_reading_a_stream_is_dropped_after_the_send_timeout(stack):
+    """uvicorn waited for such a client for ever, and the model server kept its call to the backend open."""
+    servers, run = stack
+    url = _url(servers, "policy_model")
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"input": "word " * 50_000, "stream": True}).encode()  # echoed back: megabytes of events
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(30)
+        sock.connect((host, int(port)))
+        sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+        time.sleep(4)  # reads nothing: the buffers fill, then 1 s without progress
+        answer = read_until_closed(sock)  # what was buffered, then the end (a socket timeout fails the test)
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"text/event-stream" in answer[:1000]
+    assert b"event: response.completed" not in answer  # cut off, not finished
+    assert httpx.post(f"{url}/v1/responses", json={"input": "hi"}, timeout=30).status_code == 200
+    deadline = time.monotonic() + 10
+    while "read nothing of the answer" not in run.output and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert 'read nothing of the answer to "POST /v1/responses" for 1 s (response_send_timeout_s)' in run.output

@@ -49,32 +49,36 @@ def test_request_limits_come_from_the_server_block_then_the_global_config_then_t
         DEFAULT_MAX_REQUEST_HEAD_BYTES,
         DEFAULT_REQUEST_BODY_TIMEOUT_S,
         DEFAULT_REQUEST_HEAD_TIMEOUT_S,
+        DEFAULT_RESPONSE_SEND_TIMEOUT_S,
         RequestLimits,
         request_limits,
     )
 
     defaults = RequestLimits(DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_REQUEST_HEAD_BYTES,
-                             DEFAULT_REQUEST_HEAD_TIMEOUT_S, DEFAULT_REQUEST_BODY_TIMEOUT_S)
+                             DEFAULT_REQUEST_HEAD_TIMEOUT_S, DEFAULT_REQUEST_BODY_TIMEOUT_S,
+                             DEFAULT_RESPONSE_SEND_TIMEOUT_S)
     assert request_limits(None, None) == defaults
     glob = {"max_request_body_bytes": 1000, "max_request_head_bytes": "2000", "request_head_timeout_s": "3",
-            "request_body_timeout_s": 4}
-    assert request_limits(glob, None) == RequestLimits(1000, 2000, 3.0, 4.0)
+            "request_body_timeout_s": 4, "response_send_timeout_s": 5}
+    assert request_limits(glob, None) == RequestLimits(1000, 2000, 3.0, 4.0, 5.0)
     block = BaseRunServerInstanceConfig(host="h", port=1, entrypoint="app.py", name="s", max_request_head_bytes=500,
-                                        request_body_timeout_s=9)
-    assert request_limits(glob, block) == RequestLimits(1000, 500, 3.0, 9.0)
-    assert request_limits(glob, {"request_head_timeout_s": 0.25}) == RequestLimits(1000, 2000, 0.25, 4.0)
+                                        request_body_timeout_s=9, response_send_timeout_s=7)
+    assert request_limits(glob, block) == RequestLimits(1000, 500, 3.0, 9.0, 7.0)
+    assert request_limits(glob, {"request_head_timeout_s": 0.25}) == RequestLimits(1000, 2000, 0.25, 4.0, 5.0)
     with pytest.raises(NeMoGymConfigError, match="max_request_head_bytes"):
         request_limits({"max_request_head_bytes": "64k"}, None)
     with pytest.raises(NeMoGymConfigError, match="request_head_timeout_s"):
         request_limits({"request_head_timeout_s": -5}, None)
+    with pytest.raises(NeMoGymConfigError, match="response_send_timeout_s"):
+        request_limits({"response_send_timeout_s": "never"}, None)
 
     # A parent hands its limits to the uvicorn workers it starts through the environment.
     for name in ("NEMO_GYM_MAX_REQUEST_BODY_BYTES", "NEMO_GYM_MAX_REQUEST_HEAD_BYTES", "NEMO_GYM_REQUEST_HEAD_TIMEOUT_S",
-                 "NEMO_GYM_REQUEST_BODY_TIMEOUT_S"):
+                 "NEMO_GYM_REQUEST_BODY_TIMEOUT_S", "NEMO_GYM_RESPONSE_SEND_TIMEOUT_S"):
         monkeypatch.setenv(name, "")  # recorded, so what export_to_env sets is undone after the test
     assert RequestLimits.from_env() == defaults
-    RequestLimits(1000, 500, 3.0, 0.5).export_to_env()
-    assert RequestLimits.from_env() == RequestLimits(1000, 500, 3.0, 0.5)
+    RequestLimits(1000, 500, 3.0, 0.5, 2.5).export_to_env()
+    assert RequestLimits.from_env() == RequestLimits(1000, 500, 3.0, 0.5, 2.5)
 
 
 def test_protocol_with_limits_sets_every_limit_on_the_protocol_and_for_its_workers(monkeypatch):
@@ -84,15 +88,15 @@ def test_protocol_with_limits_sets_every_limit_on_the_protocol_and_for_its_worke
     from nemo_gym.serving.private_api import NeMoGymHttpProtocol, protocol_with_limits
 
     attribute = {"max_body": "max_body", "max_head": "max_head", "head_timeout_s": "head_timeout",
-                 "body_timeout_s": "body_timeout"}
+                 "body_timeout_s": "body_timeout", "send_timeout_s": "send_timeout"}
     assert set(attribute) == {f.name for f in fields(RequestLimits)}  # a new limit must be mapped here too
     for name in attribute.values():  # recorded, so the class is as it was after the test
         monkeypatch.setattr(NeMoGymHttpProtocol, name, getattr(NeMoGymHttpProtocol, name))
     for name in ("NEMO_GYM_MAX_REQUEST_BODY_BYTES", "NEMO_GYM_MAX_REQUEST_HEAD_BYTES", "NEMO_GYM_REQUEST_HEAD_TIMEOUT_S",
-                 "NEMO_GYM_REQUEST_BODY_TIMEOUT_S"):
+                 "NEMO_GYM_REQUEST_BODY_TIMEOUT_S", "NEMO_GYM_RESPONSE_SEND_TIMEOUT_S"):
         monkeypatch.setenv(name, "")
-    limits = RequestLimits(11, 22, 3.5, 4.5)
+    limits = RequestLimits(11, 22, 3.5, 4.5, 5.5)
     assert protocol_with_limits(limits) is NeMoGymHttpProtocol
     assert {field: getattr(NeMoGymHttpProtocol, name) for field, name in attribute.items()} == {
-        "max_body": 11, "max_head": 22, "head_timeout_s": 3.5, "body_timeout_s": 4.5}
+        "max_body": 11, "max_head": 22, "head_timeout_s": 3.5, "body_timeout_s": 4.5, "send_timeout_s": 5.5}
     assert RequestLimits.from_env() == limits

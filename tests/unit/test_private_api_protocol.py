@@ -462,3 +462,102 @@ def test_a_connection_that_pipelines_bodies_past_the_body_limit_together_is_clos
     answer, warnings = _pipelined_until_closed(few_pipelined_url, b"".join(_post("b" * 9000) for _ in range(4)))
     assert answer.count(b"HTTP/1.1 200 ") <= 1, answer[:500]
     assert any("more than 16384 bytes of bodies were sent behind one not yet answered" in w for w in warnings), warnings
+
+
+# -- an answer the client stops reading: dropped after `send_timeout` ------------------------------------------
+
+
+class SlowReaderProtocol(NeMoGymHttpProtocol):
+    """The protocol with a 1 s send timeout (a subclass: the real class stays as is)."""
+
+    send_timeout = 1.0
+
+
+STREAMS_STOPPED: list[float] = []  # when each `/stream` of StreamServer was stopped
+
+
+class StreamServer(NoteServer):
+    """`/note` (a direct-path JSON echo) and `GET /stream`, an endless stream that records when it was stopped."""
+
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+
+        @app.get("/stream")
+        async def stream() -> StreamingResponse:
+            async def chunks():
+                try:
+                    while True:
+                        yield b"x" * 65536
+                        await asyncio.sleep(0)
+                finally:
+                    STREAMS_STOPPED.append(time.monotonic())
+
+            return StreamingResponse(chunks(), media_type="text/plain")
+
+        return app
+
+
+@pytest.fixture(scope="module")
+def slow_reader_url():
+    server = StreamServer(config=make_config("notes"), server_client=ServerClient(head_server_config=None, global_config_dict={}))
+    with live_server(serving_app(server.build_app()), http=SlowReaderProtocol, proxy_headers=False,
+                     timeout_keep_alive=5) as base_url:
+        yield base_url
+
+
+def _connect_small_window(url: str) -> socket.socket:
+    host, port = url.split("://", 1)[1].split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+    sock.settimeout(10)
+    sock.connect((host, int(port)))
+    return sock
+
+
+def _read_for(sock: socket.socket, seconds: float) -> tuple[int, bool]:
+    """Bytes read within `seconds` (or until the server ends the connection), and whether it ended it."""
+    total, deadline = 0, time.monotonic() + seconds
+    sock.settimeout(0.5)
+    while time.monotonic() < deadline:
+        try:
+            data = sock.recv(65536)
+        except socket.timeout:
+            continue
+        except ConnectionResetError:
+            return total, True
+        if not data:
+            return total, True
+        total += len(data)
+    return total, False
+
+
+def test_a_stream_the_client_stops_reading_is_dropped_and_stopped(slow_reader_url):
+    STREAMS_STOPPED.clear()
+    with _connect_small_window(slow_reader_url) as sock:
+        sock.sendall(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(3)  # reads nothing: the server's buffers fill, then 1 s of no progress
+        assert STREAMS_STOPPED, "the stream's generator still runs"
+        _, ended = _read_for(sock, 10)
+    assert ended  # what was buffered, then the end: the connection was dropped
+
+
+def test_a_large_direct_answer_the_client_does_not_read_is_dropped(slow_reader_url):
+    text = "t" * (24 * 1024 * 1024)
+    with _connect_small_window(slow_reader_url) as sock:
+        sock.sendall(_post(text))
+        time.sleep(3)
+        received, ended = _read_for(sock, 10)
+    assert ended and received < len(text), received
+
+
+def test_a_client_that_reads_slowly_but_steadily_is_not_dropped(slow_reader_url):
+    STREAMS_STOPPED.clear()
+    with _connect_small_window(slow_reader_url) as sock:
+        sock.sendall(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        received, ended = 0, False
+        for _ in range(30):  # 3 s, three times the send timeout, reading a little every 0.1 s
+            chunk, ended = _read_for(sock, 0.1)
+            received += chunk
+            if ended:
+                break
+        assert not ended and received > 0 and not STREAMS_STOPPED
