@@ -171,6 +171,12 @@ def direct_url():
         yield base_url
 
 
+def _serve(server_class: type, protocol: type, **options):
+    """A live server of `server_class` through `protocol` (a subclass with small limits)."""
+    server = server_class(config=make_config("notes"), server_client=ServerClient(head_server_config=None, global_config_dict={}))
+    return live_server(serving_app(server.build_app()), http=protocol, proxy_headers=False, **options)
+
+
 def _connect(url: str) -> socket.socket:
     host, port = url.split("://", 1)[1].split(":")
     sock = socket.create_connection((host, int(port)), timeout=10)
@@ -252,10 +258,8 @@ class SmallHeadProtocol(NeMoGymHttpProtocol):
 
 @pytest.fixture(scope="module")
 def small_head_url():
-    server = NoteServer(config=make_config("notes"), server_client=ServerClient(head_server_config=None, global_config_dict={}))
     # With the access log on: a refusal writes its access line too (from a scope uvicorn never filled in).
-    with live_server(serving_app(server.build_app()), http=SmallHeadProtocol, proxy_headers=False,
-                     timeout_keep_alive=1, access_log=True) as base_url:
+    with _serve(NoteServer, SmallHeadProtocol, timeout_keep_alive=1, access_log=True) as base_url:
         yield base_url
 
 
@@ -415,9 +419,7 @@ class FewPipelinedProtocol(NeMoGymHttpProtocol):
 
 @pytest.fixture(scope="module")
 def few_pipelined_url():
-    server = NoteServer(config=make_config("notes"), server_client=ServerClient(head_server_config=None, global_config_dict={}))
-    with live_server(serving_app(server.build_app()), http=FewPipelinedProtocol, proxy_headers=False,
-                     timeout_keep_alive=5) as base_url:
+    with _serve(NoteServer, FewPipelinedProtocol, timeout_keep_alive=5) as base_url:
         yield base_url
 
 
@@ -499,9 +501,7 @@ class StreamServer(NoteServer):
 
 @pytest.fixture(scope="module")
 def slow_reader_url():
-    server = StreamServer(config=make_config("notes"), server_client=ServerClient(head_server_config=None, global_config_dict={}))
-    with live_server(serving_app(server.build_app()), http=SlowReaderProtocol, proxy_headers=False,
-                     timeout_keep_alive=5) as base_url:
+    with _serve(StreamServer, SlowReaderProtocol, timeout_keep_alive=5) as base_url:
         yield base_url
 
 
