@@ -40,8 +40,8 @@ from nemo_gym.serving.limits import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     DEFAULT_MAX_REQUEST_HEAD_BYTES,
     DEFAULT_REQUEST_BODY_TIMEOUT_S,
-    DEFAULT_RESPONSE_SEND_TIMEOUT_S,
     DEFAULT_REQUEST_HEAD_TIMEOUT_S,
+    DEFAULT_RESPONSE_SEND_TIMEOUT_S,
 )
 
 __all__ = ["HeadServerKeys", "GlobalKeys", "FRAMEWORK_KEYS", "referenced_keys", "check_known_keys"]
