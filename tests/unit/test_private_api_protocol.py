@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
 import time
+from typing import Iterator
 
 import httpx
 import pytest
@@ -177,6 +179,25 @@ def _serve(server_class: type, protocol: type, **options):
     return live_server(serving_app(server.build_app()), http=protocol, proxy_headers=False, **options)
 
 
+@contextlib.contextmanager
+def _logged(name: str, level: int = logging.NOTSET) -> Iterator[list[str]]:
+    """The messages logged to `name` meanwhile (uvicorn's loggers do not propagate to pytest's capture); `level`:
+    the logger's level meanwhile, when given."""
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger(name)
+    old_level = logger.level
+    logger.addHandler(handler)
+    if level:
+        logger.setLevel(level)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
 def _connect(url: str) -> socket.socket:
     host, port = url.split("://", 1)[1].split(":")
     sock = socket.create_connection((host, int(port)), timeout=10)
@@ -333,32 +354,15 @@ def test_a_slow_head_inside_the_timeout_is_served(small_head_url):
 
 
 def test_refusals_write_their_access_line(small_head_url):
-    import logging
-
-    class Lines(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lines: list[str] = []
-
-        def emit(self, record: logging.LogRecord) -> None:
-            self.lines.append(record.getMessage())
-
-    access, lines = logging.getLogger("uvicorn.access"), Lines()
-    level = access.level
-    access.addHandler(lines)
-    access.setLevel(logging.INFO)
-    try:
+    with _logged("uvicorn.access", logging.INFO) as lines:
         with _connect(small_head_url) as sock:
             sock.sendall(_post("x" * 3_000_000))  # a body over the 2 MiB limit: refused before uvicorn fills the scope
             assert read_until_closed(sock).startswith(b"HTTP/1.1 413 ")
         with _connect(small_head_url) as sock:
             sock.sendall(b"POST /note?" + b"q" * 4000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
             assert read_until_closed(sock).startswith(b"HTTP/1.1 431 ")
-    finally:
-        access.removeHandler(lines)
-        access.setLevel(level)
-    assert any('"POST /note HTTP/1.1" 413' in line for line in lines.lines), lines.lines
-    assert any('"POST /note?' in line and '" 431' in line and len(line) < 1200 for line in lines.lines), lines.lines
+    assert any('"POST /note HTTP/1.1" 413' in line for line in lines), lines
+    assert any('"POST /note?' in line and '" 431' in line and len(line) < 1200 for line in lines), lines
 
 
 def _stalled_body_answer(url: str, head: bytes, first_part: bytes) -> tuple[bytes, float]:
@@ -432,17 +436,9 @@ def test_pipelined_requests_within_the_limit_are_all_answered_in_order(few_pipel
 
 def _pipelined_until_closed(url: str, requests: bytes) -> tuple[bytes, list[str]]:
     """What the server answers to `requests` sent in one write (until it closes), and what it logged meanwhile."""
-    warnings: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("uvicorn.error")  # uvicorn's, which does not propagate to pytest's capture
-    logger.addHandler(handler)
-    try:
-        with _connect(url) as sock:
-            sock.sendall(requests)
-            answer = read_until_closed(sock)
-    finally:
-        logger.removeHandler(handler)
+    with _logged("uvicorn.error") as warnings, _connect(url) as sock:
+        sock.sendall(requests)
+        answer = read_until_closed(sock)
     return answer, warnings
 
 
