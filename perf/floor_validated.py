@@ -28,33 +28,24 @@ import sys
 from pathlib import Path
 
 import orjson
-from pydantic import TypeAdapter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo: the environment's own modules
 
 from floor_stack import Pool  # noqa: E402
+from floor_stack import agent_routes as lean_agent_routes  # noqa: E402
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming  # noqa: E402
 from nemo_gym.servers.resources_server import (  # noqa: E402
     BaseSeedSessionRequest,
     BaseSeedSessionResponse,
     BaseVerifyRequest,
 )
+from nemo_gym.serving.hot_routes import _serializer as _answer  # noqa: E402  (the stack's own: what FastAPI answers)
 from resources_servers.example_single_tool_call.app import (  # noqa: E402
     ExampleSingleToolCallVerifyResponse,
     GetWeatherRequest,
     GetWeatherResponse,
 )
 from responses_api_agents.simple_agent.app import SimpleAgentRunRequest  # noqa: E402
-
-
-def _answer(response_model: type):
-    """The return value validated against `response_model` and dumped by alias, as FastAPI answers a route."""
-    adapter = TypeAdapter(response_model)
-
-    def answer(result) -> bytes:
-        return adapter.dump_json(adapter.validate_python(result, from_attributes=True), by_alias=True)
-
-    return answer
 
 
 def resources_routes() -> dict:
@@ -94,8 +85,6 @@ def model_routes(upstream: str, model_name: str, pool: int) -> tuple[dict, Pool]
 
 
 def agent_routes(model_url: str, resources_url: str, pool: int) -> dict:
-    from floor_stack import agent_routes as lean_agent_routes
-
     lean_run = lean_agent_routes(model_url, resources_url, pool)[b"/run"]
 
     async def run(body) -> bytes:
