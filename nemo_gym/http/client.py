@@ -62,8 +62,9 @@ aiohttp error as its `__cause__`.
 
 There is one session/transport per event loop per process, created lazily by the first request on that loop with the
 config of the `ServerClient` that made it. It is closed when the loop shuts down its async generators
-(`asyncio.run`, uvicorn, pytest-asyncio all do), at interpreter exit if the loop is still usable, or explicitly
-with `await close_global_client()`.
+(`asyncio.run`, uvicorn and pytest-asyncio 1.x do), at interpreter exit if the loop is still usable, or explicitly
+with `await close_global_client()`. The state of a loop closed without that (pytest-asyncio 0.24, a hand-made loop)
+is let go of quietly when the next loop makes its own.
 Modules: `nemo_gym.http.response` (the response, its errors and helpers, body and cookie encoding, capped body
 reads), `nemo_gym.http.transports` (the transport choice and the per-loop shared state), `nemo_gym.http.replicas`
 (replica routing); this one holds `ServerClient` and re-exports the names of the others, so every name that was

@@ -21,6 +21,7 @@ nemo-gym is sent unless the caller gives one (the shared session sends none by d
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import threading
@@ -33,6 +34,7 @@ from nemo_gym import __version__
 from nemo_gym.config.values import config_get, truthy
 from nemo_gym.http import client as _client
 from nemo_gym.http.client import ServerClient, close_global_client, encode_json_body
+from nemo_gym.http.transports import close_session_of_closed_loop
 
 logger = logging.getLogger(__name__)
 
@@ -108,9 +110,22 @@ def get_global_aiohttp_client(
         per_host = int(
             config_get(cfg, "global_aiohttp_connector_limit_per_host", _client.DEFAULT_CONNECTOR_LIMIT_PER_HOST)
         )
+        _forget_closed_loops()
         session = _client.build_transport("aiohttp", limit, per_host).session
         _own_sessions[id(loop)] = (loop, session)
         return session
+
+
+def _forget_closed_loops() -> None:
+    """Let go of the sessions of loops closed without closing them (see `close_session_of_closed_loop`): when the
+    next loop makes its own, and at exit. Call with `_own_lock` held or at exit."""
+    for key, (other_loop, other) in list(_own_sessions.items()):
+        if other_loop.is_closed():
+            del _own_sessions[key]
+            close_session_of_closed_loop(other)
+
+
+atexit.register(_forget_closed_loops)
 
 
 def setup_server_client(head_server_config: Any = None) -> ServerClient:
@@ -201,6 +216,8 @@ def global_aiohttp_client_exit() -> Optional["asyncio.Task[None]"]:
         entries = list(_own_sessions.values())
         _own_sessions.clear()
     for other_loop, session in entries:
+        if other_loop.is_closed():
+            close_session_of_closed_loop(session)
         if session.closed or other_loop.is_closed() or other_loop.is_running():
             continue
         try:

@@ -275,6 +275,22 @@ def build_transport(
     raise ValueError(f"Unknown transport {name!r}; expected one of {TRANSPORTS}.")
 
 
+def close_session_of_closed_loop(session: aiohttp.ClientSession) -> None:
+    """Close an aiohttp session whose event loop is already closed. Its `close()` does no I/O then (a connector
+    whose loop is closed only marks itself closed), so the coroutine runs to its end here without a loop; should a
+    later aiohttp wait in it after all, it is dropped and the session detached (marked closed) instead. The
+    sockets of a closed loop are closed when they are collected."""
+    closing = session.close()
+    try:
+        closing.send(None)
+    except StopIteration:
+        return
+    except Exception:  # pragma: no cover - best effort for a loop that is gone
+        logger.debug("closing the aiohttp session of a closed loop failed", exc_info=True)
+    closing.close()
+    session.detach()
+
+
 @dataclass(eq=False)
 class _LoopState:
     loop: asyncio.AbstractEventLoop
@@ -290,6 +306,14 @@ class _LoopState:
     client: Optional[httpx.AsyncClient] = None
     closer: Any = None
     closed: bool = False
+
+    def forget(self) -> None:
+        """Let go of the state of a loop that was closed without shutting down its async generators
+        (pytest-asyncio 0.24, a hand-made loop), so that aiohttp does not log "Unclosed client session" or
+        "Unclosed connector" when it is collected."""
+        self.closed = True
+        if self.session is not None:
+            close_session_of_closed_loop(self.session)
 
     async def aclose(self) -> None:
         if self.closed:
@@ -339,7 +363,10 @@ def _get_state(cfg: Any = None) -> _LoopState:
 
                 cfg = loaded_global_config_dict()
             for key, other in list(_states.items()):  # forget loops that are gone
-                if other.loop.is_closed() or other.closed:
+                if other.loop.is_closed():
+                    del _states[key]
+                    other.forget()
+                elif other.closed:
                     del _states[key]
             name = _transport_name(cfg)
             limit = int(config_get(cfg, "global_aiohttp_connector_limit", DEFAULT_CONNECTOR_LIMIT))
@@ -414,6 +441,8 @@ def _close_all_at_exit() -> None:
         _states.clear()
     for state in states:
         loop = state.loop
+        if loop.is_closed():
+            state.forget()
         if state.closed or loop.is_closed() or loop.is_running():
             continue
         try:
