@@ -213,11 +213,10 @@ def global_aiohttp_client_exit() -> Optional["asyncio.Task[None]"]:
 
         return loop.create_task(close_running())
     with _own_lock:
+        _forget_closed_loops()
         entries = list(_own_sessions.values())
         _own_sessions.clear()
     for other_loop, session in entries:
-        if other_loop.is_closed():
-            close_session_of_closed_loop(session)
         if session.closed or other_loop.is_closed() or other_loop.is_running():
             continue
         try:

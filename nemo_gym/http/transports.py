@@ -347,6 +347,17 @@ async def _closer_gen(state: _LoopState) -> AsyncIterator[None]:
                 del _states[id(state.loop)]
 
 
+def _forget_gone_loops() -> None:
+    """Drop the states of closed loops (let go of quietly, `_LoopState.forget`) and closed states. Call with
+    `_states_lock` held."""
+    for key, other in list(_states.items()):
+        if other.loop.is_closed():
+            del _states[key]
+            other.forget()
+        elif other.closed:
+            del _states[key]
+
+
 def _get_state(cfg: Any = None) -> _LoopState:
     global _last_state
     loop = asyncio.get_running_loop()
@@ -362,12 +373,7 @@ def _get_state(cfg: Any = None) -> _LoopState:
                 from nemo_gym.config.global_config import loaded_global_config_dict
 
                 cfg = loaded_global_config_dict()
-            for key, other in list(_states.items()):  # forget loops that are gone
-                if other.loop.is_closed():
-                    del _states[key]
-                    other.forget()
-                elif other.closed:
-                    del _states[key]
+            _forget_gone_loops()
             name = _transport_name(cfg)
             limit = int(config_get(cfg, "global_aiohttp_connector_limit", DEFAULT_CONNECTOR_LIMIT))
             per_host = int(
@@ -437,12 +443,11 @@ async def close_global_client() -> None:
 
 def _close_all_at_exit() -> None:
     with _states_lock:
+        _forget_gone_loops()
         states = list(_states.values())
         _states.clear()
     for state in states:
         loop = state.loop
-        if loop.is_closed():
-            state.forget()
         if state.closed or loop.is_closed() or loop.is_running():
             continue
         try:
