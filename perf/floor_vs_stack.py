@@ -174,18 +174,15 @@ def main() -> None:
               + f" {s['rps']:>9.0f} {times(f['rps'], s['rps']):>6} | {p['agent']:>6.2f} {p['model']:>6.2f} "
               f"{p['resources']:>6.2f} | {f['llm']:>5.2f}/{s['llm']:<5.2f} {f['driver']:>5.2f}/{s['driver']:<5.2f} "
               f"{f['failures']:>4}/{s['failures']:<3}" + "".join(f" {r[n]['failures']:>8}" for n in extras))
-    print("per process, floor -> stack (CPU ms per rollout), and the spread of the runs' totals:")
-    for r in results:
-        f, s = r["floor"]["per_process"], r["stack"]["per_process"]
-        print(f"{r['level']:>9} | " + "  ".join(f"{n} {f[n]:.2f} -> {s[n]:.2f} ({times(s[n], f[n])})" for n in ("agent", "model", "resources"))
-              + f" | floor {r['floor']['spread'][0]:.2f}..{r['floor']['spread'][1]:.2f}, stack {r['stack']['spread'][0]:.2f}..{r['stack']['spread'][1]:.2f}")
-    for name in extras:
-        print(f"per process, the {name} floor -> stack (CPU ms per rollout), and the spread of its runs' totals:")
+    for name in ("floor", *extras):
+        label = "floor" if name == "floor" else f"{name} floor"
+        print(f"per process, {label} -> stack (CPU ms per rollout), and the spread of the runs' totals:")
         for r in results:
             e, s = r[name]["per_process"], r["stack"]["per_process"]
             print(f"{r['level']:>9} | " + "  ".join(f"{n} {e[n]:.2f} -> {s[n]:.2f} ({times(s[n], e[n])})"
                                                     for n in ("agent", "model", "resources"))
-                  + f" | {name} {r[name]['spread'][0]:.2f}..{r[name]['spread'][1]:.2f}")
+                  + f" | {name} {r[name]['spread'][0]:.2f}..{r[name]['spread'][1]:.2f}"
+                  + (f", stack {r['stack']['spread'][0]:.2f}..{r['stack']['spread'][1]:.2f}" if name == "floor" else ""))
     print("ratio: stack CPU / floor CPU, floor rollouts/s / stack rollouts/s" + "".join(
           f"; vs {short[n]}: stack CPU / {n} floor CPU" for n in extras) + "; agent/model/resrc: the stack's CPU per "
           "process; LLM, driver: CPU ms per rollout of the fake LLM and of the load generator under floor / stack")
