@@ -8,7 +8,7 @@ import json
 import logging
 import socket
 import time
-from typing import Iterator
+from typing import Iterator, Optional
 
 import httpx
 import pytest
@@ -198,9 +198,15 @@ def _logged(name: str, level: int = logging.NOTSET) -> Iterator[list[str]]:
         logger.setLevel(old_level)
 
 
-def _connect(url: str) -> socket.socket:
+def _connect(url: str, receive_buffer: Optional[int] = None) -> socket.socket:
+    """A connection to `url`; `receive_buffer`: the size of its receive buffer (a small window: the server's writes
+    stall as soon as the client stops reading), set before connecting so that it holds."""
     host, port = url.split("://", 1)[1].split(":")
-    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock = socket.socket()
+    if receive_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.settimeout(10)
+    sock.connect((host, int(port)))
     return sock
 
 
@@ -501,15 +507,6 @@ def slow_reader_url():
         yield base_url
 
 
-def _connect_small_window(url: str) -> socket.socket:
-    host, port = url.split("://", 1)[1].split(":")
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
-    sock.settimeout(10)
-    sock.connect((host, int(port)))
-    return sock
-
-
 def _read_for(sock: socket.socket, seconds: float) -> tuple[int, bool]:
     """Bytes read within `seconds` (or until the server ends the connection), and whether it ended it."""
     total, deadline = 0, time.monotonic() + seconds
@@ -529,7 +526,7 @@ def _read_for(sock: socket.socket, seconds: float) -> tuple[int, bool]:
 
 def test_a_stream_the_client_stops_reading_is_dropped_and_stopped(slow_reader_url):
     STREAMS_STOPPED.clear()
-    with _connect_small_window(slow_reader_url) as sock:
+    with _connect(slow_reader_url, receive_buffer=4096) as sock:
         sock.sendall(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
         time.sleep(3)  # reads nothing: the server's buffers fill, then 1 s of no progress
         assert STREAMS_STOPPED, "the stream's generator still runs"
@@ -539,7 +536,7 @@ def test_a_stream_the_client_stops_reading_is_dropped_and_stopped(slow_reader_ur
 
 def test_a_large_direct_answer_the_client_does_not_read_is_dropped(slow_reader_url):
     text = "t" * (24 * 1024 * 1024)
-    with _connect_small_window(slow_reader_url) as sock:
+    with _connect(slow_reader_url, receive_buffer=4096) as sock:
         sock.sendall(_post(text))
         time.sleep(3)
         received, ended = _read_for(sock, 10)
@@ -548,7 +545,7 @@ def test_a_large_direct_answer_the_client_does_not_read_is_dropped(slow_reader_u
 
 def test_a_client_that_reads_slowly_but_steadily_is_not_dropped(slow_reader_url):
     STREAMS_STOPPED.clear()
-    with _connect_small_window(slow_reader_url) as sock:
+    with _connect(slow_reader_url, receive_buffer=4096) as sock:
         sock.sendall(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
         received, ended = 0, False
         for _ in range(30):  # 3 s, three times the send timeout, reading a little every 0.1 s
