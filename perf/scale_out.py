@@ -38,7 +38,7 @@ from nemo_gym.testing.stack import (  # noqa: E402
     server_instances,
 )
 
-RESOURCES = "example_single_tool_call_resources_server"
+RESOURCES = "example_single_tool_call"
 BLOCKS = {
     RESOURCES: f"{RESOURCES}.resources_servers.example_single_tool_call",
     AGENT: f"{AGENT}.responses_api_agents.simple_agent",

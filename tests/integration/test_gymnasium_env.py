@@ -199,7 +199,7 @@ def test_the_helpers_and_models():
 
 FROZEN_LAKE_CONFIG = "resources_servers/frozen_lake/configs/frozen_lake.yaml"
 AGENT = "frozen_lake_gymnasium_agent"
-RESOURCES = "frozen_lake_resources_server"
+RESOURCES = "frozen_lake"
 ROWS = example_rows(PARENT_DIR / "resources_servers" / "frozen_lake" / "tests" / "test_e2e.py")
 
 # Rows 1, 2 and 4 are played perfectly; row 0 steps right into the hole next to the start; row 3 walks into the

@@ -314,7 +314,7 @@ def test_verify_scores_bare_names_and_answers_the_emitted_ones(probe):
 def warehouse(tmp_path_factory):
     config = tmp_path_factory.mktemp("mcp_stack") / "stack.yaml"
     config.write_text(
-        "example_mcp_tools_resources_server:\n"
+        "example_mcp_tools:\n"
         "  resources_servers:\n"
         "    example_mcp_tools:\n"
         "      entrypoint: app.py\n"
@@ -333,7 +333,7 @@ def warehouse(tmp_path_factory):
 
 def test_a_rollout_over_mcp_against_the_environment_under_ng_run(warehouse):
     row = json.loads((REPO_ROOT / "resources_servers/example_mcp_tools/data/example.jsonl").read_text().splitlines()[0])
-    name = "example_mcp_tools_resources_server"
+    name = "example_mcp_tools"
 
     async def scenario():
         http, token = await seed(warehouse, row)

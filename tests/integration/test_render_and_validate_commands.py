@@ -129,7 +129,7 @@ def test_validate_the_quickstart_config(tmp_path):
     result = command("validate", "+config_paths=[configs/quickstart.yaml]", cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr
     assert "Config OK: 3 server(s)" in result.stdout
-    servers = ("policy_model", "weather_tool_use_resources_server", "weather_tool_use_simple_agent")
+    servers = ("policy_model", "weather_tool_use", "weather_tool_use_simple_agent")
     for server in servers:
         assert server in result.stdout
     assert "placeholder" not in result.stdout
@@ -154,7 +154,7 @@ def test_validate_reports_a_misspelled_server_ref_with_the_right_name(tmp_path):
     first = result.stderr.splitlines()[0]
     assert first.startswith("error: ng_validate: ")
     assert "`weather_tool_use_resource_server`" in first
-    assert "Did you mean `weather_tool_use_resources_server`?" in first
+    assert "Did you mean `weather_tool_use`?" in first
 
 
 def test_validate_lists_every_missing_or_broken_file_and_unknown_key_at_once(tmp_path):

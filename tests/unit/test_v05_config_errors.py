@@ -73,7 +73,7 @@ def test_an_unknown_server_ref_is_caught_as_config_error(tmp_path):
         parse_global_config, args, cwd=tmp_path, allocate_ports=False, initial_global_config_dict=POLICY_PLACEHOLDERS
     )
     assert "example_single_tool_call_resource_server" in str(err)
-    assert "Did you mean `example_single_tool_call_resources_server`?" in str(err)
+    assert "Did you mean `example_single_tool_call`?" in str(err)
 
 
 class _NoParams(BaseNeMoGymCLIConfig):

@@ -8,7 +8,7 @@ Judge rules come first: a judge prompt also holds the question the policy rules 
 from nemo_gym.testing.e2e import collect_examples_e2e
 from nemo_gym.testing.script import answer_rules, rule
 
-SERVER_KEY = "equivalence_llm_judge_resources_server.resources_servers.equivalence_llm_judge"
+SERVER_KEY = "equivalence_llm_judge.resources_servers.equivalence_llm_judge"
 
 POLICY = {
     "capital city of Australia": "The capital of Australia is Canberra.",

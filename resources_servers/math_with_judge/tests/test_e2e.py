@@ -53,7 +53,7 @@ def test_examples_with_the_judge_over_http(tmp_path):
         "math_with_judge",
         tmp_path,
         script=judge + policy_rules(replies),
-        extra_overrides=["+math_with_judge_resources_server.resources_servers.math_with_judge.should_use_judge=true"],
+        extra_overrides=["+math_with_judge.resources_servers.math_with_judge.should_use_judge=true"],
     )
     assert [r["reward"] for r in rows] == [1.0, 0.0, 1.0, 1.0, 1.0]
     assert [r["library_reward"] for r in rows] == [1.0, 0.0, 1.0, 0.0, 1.0]
