@@ -16,6 +16,12 @@ A warning is logged on the first retry and every `_LOG_EVERY` after, so an endle
 
 `json=` bodies are serialized with orjson (pydantic models with `exclude_unset=True`); a `User-Agent` naming
 nemo-gym is sent unless the caller gives one (the shared session sends none by default).
+
+Setting the client up (v0.5's names, which trainers call before collecting): `GlobalAIOHTTPAsyncClientConfig` reads
+the client's keys out of a global config; `set_global_aiohttp_client(cfg)` makes the running loop's client from it
+(and sizes the clients of later loops the same way); `is_global_aiohttp_client_setup()` says whether the running loop
+has one already. v0.5 kept one client per process; an aiohttp session belongs to one event loop, so here there is one
+per loop, and "set up" means "set up on the running loop".
 """
 
 from __future__ import annotations
@@ -29,12 +35,13 @@ import traceback
 from typing import Any, Optional
 
 import aiohttp
+from pydantic import BaseModel, model_validator
 
 from nemo_gym import __version__
-from nemo_gym.config.values import config_get, truthy
+from nemo_gym.config.values import config_get, is_mapping, truthy
 from nemo_gym.http import client as _client
 from nemo_gym.http.client import ServerClient, close_global_client, encode_json_body
-from nemo_gym.http.transports import close_session_of_closed_loop
+from nemo_gym.http.transports import close_session_of_closed_loop, existing_global_aiohttp_session
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +51,9 @@ __all__ = [
     "request",
     "setup_server_client",
     "get_global_aiohttp_client",
+    "GlobalAIOHTTPAsyncClientConfig",
+    "set_global_aiohttp_client",
+    "is_global_aiohttp_client_setup",
     "is_global_aiohttp_client_request_debug_enabled",
     "global_aiohttp_client_exit",
 ]
@@ -55,7 +65,8 @@ _LOG_EVERY = 20
 _USER_AGENT = f"nemo-gym/{__version__}"
 _ALWAYS_RETRIED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
-# The config `setup_server_client` loaded (None: this process's own config when it has one, else the defaults).
+# The config `setup_server_client` loaded or `set_global_aiohttp_client` was given (None: this process's own config
+# when it has one, else the defaults).
 _configured: Any = None
 # Sessions of our own, for loops whose shared transport has no aiohttp session (`http_client_transport: httpx`).
 _own_sessions: dict[int, tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession]] = {}
@@ -63,8 +74,9 @@ _own_lock = threading.Lock()
 
 
 def _process_config() -> Any:
-    """The global config to size the client from: the one `setup_server_client` loaded, else this server
-    process's own (handed down by `ng_run`), else None (the defaults)."""
+    """The global config to size the client from: the one `setup_server_client` loaded or
+    `set_global_aiohttp_client` was given, else this server process's own (handed down by `ng_run`), else None
+    (the defaults)."""
     if _configured is not None:
         return _configured
     from nemo_gym.config.global_config import NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME, get_global_config_dict
@@ -84,20 +96,80 @@ def is_global_aiohttp_client_request_debug_enabled() -> bool:
     return truthy(config_get(_process_config(), DEBUG_KEY_NAME, False))
 
 
+class GlobalAIOHTTPAsyncClientConfig(BaseModel):
+    """The global config keys the global aiohttp client is made from (NeMo Gym v0.5); validate it from a whole
+    global config (`model_validate(global_config_dict)`, a dict or a `DictConfig`): other keys are ignored.
+    The TCP keepalive keys are accepted and not applied (our connector keeps aiohttp's defaults)."""
+
+    global_aiohttp_connector_limit: int = _client.DEFAULT_CONNECTOR_LIMIT
+    global_aiohttp_connector_limit_per_host: int = _client.DEFAULT_CONNECTOR_LIMIT_PER_HOST
+    global_aiohttp_client_request_debug: bool = False
+    global_aiohttp_tcp_keepalive_idle_seconds: int = 60
+    global_aiohttp_tcp_keepalive_interval_seconds: int = 10
+    global_aiohttp_tcp_keepalive_probes: int = 3
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_our_keys(cls, data: Any) -> Any:
+        # A whole global config: read just these keys, so its other values (interpolations, secrets) stay unread.
+        if is_mapping(data) and not isinstance(data, dict):
+            missing = object()
+            picked = {name: config_get(data, name, missing) for name in cls.model_fields}
+            return {name: value for name, value in picked.items() if value is not missing}
+        return data
+
+
+def _running_loop(caller: str) -> asyncio.AbstractEventLoop:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(
+            f"{caller} needs a running event loop (an aiohttp session belongs to one loop): call it from async "
+            "code, e.g. inside a route handler or under asyncio.run()."
+        ) from None
+
+
+def is_global_aiohttp_client_setup() -> bool:
+    """Whether the running event loop has its global aiohttp client already (made by `set_global_aiohttp_client`,
+    `get_global_aiohttp_client`, `request` or a `ServerClient` call on this loop). False outside a running loop."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    if existing_global_aiohttp_session() is not None:
+        return True
+    with _own_lock:
+        entry = _own_sessions.get(id(loop))
+    return entry is not None and entry[0] is loop and not entry[1].closed
+
+
+def set_global_aiohttp_client(cfg: GlobalAIOHTTPAsyncClientConfig) -> aiohttp.ClientSession:
+    """Make the running loop's global aiohttp client from `cfg` (connector `limit` and `limit_per_host`, the
+    request-debug flag) and return it; clients made later on other loops are sized the same way. Refused when
+    the loop has one already (as v0.5 refuses a second client): check `is_global_aiohttp_client_setup()` first,
+    or close it with `await global_aiohttp_client_exit()`."""
+    global _configured
+    _running_loop("set_global_aiohttp_client()")
+    if not isinstance(cfg, GlobalAIOHTTPAsyncClientConfig):
+        cfg = GlobalAIOHTTPAsyncClientConfig.model_validate(cfg)
+    if is_global_aiohttp_client_setup():
+        raise RuntimeError(
+            "set_global_aiohttp_client(): this event loop has a global aiohttp client already. Call it only when "
+            "is_global_aiohttp_client_setup() is False, or close the client first with "
+            "`await global_aiohttp_client_exit()`."
+        )
+    _configured = cfg.model_dump()
+    return get_global_aiohttp_client()
+
+
 def get_global_aiohttp_client(
     global_config_dict_parser_config: Any = None, global_config_dict_parser_cls: Any = None
 ) -> aiohttp.ClientSession:
     """The process-wide `aiohttp.ClientSession` of the running event loop, created on first use from the global
     config (connector limits). Call it from async code: an aiohttp session belongs to one loop. The two
-    parameters are accepted for v0.2/v0.5 call sites and not used (the config comes from `setup_server_client` or
-    the server process)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        raise RuntimeError(
-            "get_global_aiohttp_client() needs a running event loop (an aiohttp session belongs to one loop): call "
-            "it from async code, e.g. inside a route handler or under asyncio.run()."
-        ) from None
+    parameters are accepted for v0.2/v0.5 call sites and not used (the config comes from `setup_server_client`,
+    `set_global_aiohttp_client` or the server process)."""
+    loop = _running_loop("get_global_aiohttp_client()")
     cfg = _process_config()
     session = _client.get_global_aiohttp_session(cfg)
     if session is not None:

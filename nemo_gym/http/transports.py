@@ -46,6 +46,7 @@ __all__ = [
     "get_global_client",
     "close_global_client",
     "get_global_aiohttp_session",
+    "existing_global_aiohttp_session",
     "close_idle_global_clients",
 ]
 
@@ -463,6 +464,17 @@ def get_global_aiohttp_session(global_config_dict: Any = None) -> Optional[aioht
     """The running event loop's shared aiohttp session (created on first use, sized from `global_config_dict`),
     or None under the `httpx` transport, which has none. Call from async code."""
     return _get_state(global_config_dict).session
+
+
+def existing_global_aiohttp_session() -> Optional[aiohttp.ClientSession]:
+    """The running event loop's shared aiohttp session if one was made already, else None; never makes one (so
+    code can ask whether the global client is set up without setting it up)."""
+    loop = asyncio.get_running_loop()
+    with _states_lock:
+        state = _states.get(id(loop))
+    if state is None or state.loop is not loop or state.closed:
+        return None
+    return state.session
 
 
 def close_idle_global_clients() -> None:

@@ -11,6 +11,7 @@ from unittest.mock import AsyncMock, MagicMock, PropertyMock
 import aiohttp
 import pytest
 import yaml
+from omegaconf import OmegaConf
 from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -21,6 +22,7 @@ from nemo_gym.config import global_config as global_config_module
 from nemo_gym.http import external
 from nemo_gym.runtime.head_server import HeadServer
 from nemo_gym.server_utils import (
+    GlobalAIOHTTPAsyncClientConfig,
     NeMoGymHTTPError,
     apply_rollout_prefix,
     get_global_aiohttp_client,
@@ -28,9 +30,11 @@ from nemo_gym.server_utils import (
     get_server_url,
     global_aiohttp_client_exit,
     is_global_aiohttp_client_request_debug_enabled,
+    is_global_aiohttp_client_setup,
     raise_for_status,
     request,
     rollout_path_prefix,
+    set_global_aiohttp_client,
     setup_server_client,
 )
 from nemo_gym.testing.live_server import live_server
@@ -187,6 +191,48 @@ async def test_the_global_client_is_one_session_per_loop_and_can_be_closed(echo_
 def test_the_global_client_needs_a_running_loop():
     with pytest.raises(RuntimeError, match="running event loop"):
         get_global_aiohttp_client()
+
+
+async def test_set_global_aiohttp_client_sizes_the_connector_from_a_global_config(echo_server):
+    """As trainers call it: `if not is_global_aiohttp_client_setup(): set_global_aiohttp_client(
+    GlobalAIOHTTPAsyncClientConfig.model_validate(global_config_dict))`, the config a DictConfig with other keys."""
+    url, _ = echo_server
+    global_config_dict = OmegaConf.create({
+        "global_aiohttp_connector_limit": 65_536,
+        "global_aiohttp_connector_limit_per_host": "16384",
+        "global_aiohttp_client_request_debug": True,
+        "policy_api_key": "${oc.env:NEMO_GYM_TEST_UNSET_VARIABLE}",  # other keys are never read
+    })
+    assert not is_global_aiohttp_client_setup()
+    session = set_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig.model_validate(global_config_dict))
+    assert is_global_aiohttp_client_setup() and get_global_aiohttp_client() is session
+    assert (session.connector.limit, session.connector.limit_per_host) == (65_536, 16_384)
+    assert is_global_aiohttp_client_request_debug_enabled()
+    resp = await request("GET", f"{url}/echo")
+    assert resp.status == 200
+    with pytest.raises(RuntimeError, match="already.*global_aiohttp_client_exit"):
+        set_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig())
+    await global_aiohttp_client_exit()
+    assert not is_global_aiohttp_client_setup()
+
+
+async def test_the_global_client_counts_as_set_up_once_anything_made_it_on_this_loop(echo_server):
+    url, _ = echo_server
+    assert not is_global_aiohttp_client_setup()
+    await request("GET", f"{url}/echo")
+    assert is_global_aiohttp_client_setup()
+
+
+def test_no_global_client_is_set_up_outside_an_event_loop():
+    assert not is_global_aiohttp_client_setup()
+    with pytest.raises(RuntimeError, match="running event loop"):
+        set_global_aiohttp_client(GlobalAIOHTTPAsyncClientConfig())
+
+
+def test_the_client_config_defaults_are_v05s():
+    cfg = GlobalAIOHTTPAsyncClientConfig.model_validate({})
+    assert (cfg.global_aiohttp_connector_limit, cfg.global_aiohttp_connector_limit_per_host) == (102_400, 1024)
+    assert not cfg.global_aiohttp_client_request_debug
 
 
 def test_setup_server_client_reads_the_head_servers_config(monkeypatch):
