@@ -10,7 +10,8 @@ Covered: `reraise_judge_errors` (pass-through, wrapping as "<ExcClassName>: <str
 good verdict, an HTTP 500 / 401 from the backend (an HTTP error, not a schema error), a body that is not the
 expected schema, a body that is not JSON, an unknown judge server; `judge_failsafe` (the `judge_failed` answer,
 locating the body, `RuntimeError` without one, other errors untouched, the signature kept, an explicit wrap on a
-re-registered `/verify`).
+re-registered `/verify`); and environment tests written the v0.5 way, with a mocked `server_client.post` that
+reads the judge prompt back from the request model `call_judge` hands it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 from typing import Any, Iterator, Optional
+from unittest.mock import AsyncMock, MagicMock
 
 import httpx
+import orjson
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
@@ -33,8 +36,15 @@ from nemo_gym.base_resources_server import (
     SimpleResourcesServer,
 )
 from nemo_gym.config_types import ModelServerRef
+from nemo_gym.http.response import encode_json_body
 from nemo_gym.judge import JudgeError, call_judge, judge_failsafe, reraise_judge_errors
-from nemo_gym.openai_utils import NeMoGymChatCompletion, NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.openai_utils import (
+    NeMoGymChatCompletion,
+    NeMoGymEasyInputMessage,
+    NeMoGymResponse,
+    NeMoGymResponseCreateParamsNonStreaming,
+)
+from nemo_gym.server_utils import ServerClient
 from nemo_gym.testing.fake_openai_server import build_app as build_fake_llm
 from nemo_gym.testing.live_server import live_server, live_servers, server_block
 from nemo_gym.testing.responses import make_response
@@ -444,3 +454,77 @@ def test_failsafe_keeps_the_signature():
     wrapped = judge_failsafe(verify)
     assert inspect.signature(wrapped) == inspect.signature(verify, eval_str=True)  # annotations resolved for FastAPI
     assert wrapped.__name__ == "verify"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Environment tests written the v0.5 way: the server is built with `MagicMock(spec=ServerClient)`, `post` is an
+# AsyncMock answering an object with `read()`, and the test reads the judge prompt back from
+# `post.call_args.kwargs["json"].input[0].content`: `call_judge` must hand `post` the request model itself.
+
+
+class ParamsJudgeConfig(BaseResourcesServerConfig):
+    judge_model_server: ModelServerRef
+    judge_responses_create_params: NeMoGymResponseCreateParamsNonStreaming
+
+
+class ParamsJudgeServer(SimpleResourcesServer):
+    """The v0.5 judge pattern: the config's judge params, copied with the prompt as `input`."""
+
+    config: ParamsJudgeConfig
+
+    async def verify(self, body: QAVerifyRequest) -> QAVerifyResponse:
+        params = self.config.judge_responses_create_params.model_copy(
+            update={"input": [NeMoGymEasyInputMessage(role="user", content=judge_prompt(body))]}, deep=True
+        )
+        judged = await call_judge(
+            self.server_client,
+            server_name=self.config.judge_model_server.name,
+            url_path="/v1/responses",
+            json=params,
+            response_model=NeMoGymResponse,
+        )
+        grade = "A" if "GRADE: A" in judged.output_text else "B"
+        return QAVerifyResponse(**body.model_dump(), reward=1.0 if grade == "A" else 0.0, judge_grade=grade)
+
+
+def _mocked_judge_server(judge_text: str) -> ParamsJudgeServer:
+    config = ParamsJudgeConfig(
+        host="0.0.0.0", port=8080, entrypoint="", name="",
+        judge_model_server=ModelServerRef(type="responses_api_models", name="judge_model"),
+        judge_responses_create_params=NeMoGymResponseCreateParamsNonStreaming(input=[], temperature=0.0),
+    )
+    server = ParamsJudgeServer(config=config, server_client=MagicMock(spec=ServerClient))
+    post_mock = MagicMock()
+    post_mock.read = AsyncMock(return_value=make_response(judge_text).model_dump_json())
+    server.server_client.post = AsyncMock(return_value=post_mock)
+    return server
+
+
+def test_a_mocked_post_gets_the_request_model_as_v05_tests_read_it():
+    server = _mocked_judge_server("Same number. GRADE: A")
+    result = asyncio.run(server.verify(verify_request("[mocked]")))
+    assert result.reward == 1.0 and result.judge_grade == "A"
+
+    sent = server.server_client.post.call_args.kwargs["json"]
+    assert isinstance(sent, NeMoGymResponseCreateParamsNonStreaming)
+    assert "Question: [mocked]\nGold target: 4\nPredicted answer: It is 4." in sent.input[0].content
+    assert sent.temperature == 0.0  # the judge config's parameters travel with the prompt
+    assert server.server_client.post.call_args.kwargs["server_name"] == "judge_model"
+
+
+def test_the_request_model_reaches_the_wire_as_its_set_fields(stack):
+    """Through the real ServerClient the model is serialized once, without the fields nobody set."""
+    seen: list[dict] = []
+
+    class Recording:
+        async def post(self, **kwargs: Any) -> Any:
+            seen.append(orjson.loads(encode_json_body(kwargs["json"])))
+            return await make_server_client(stack.global_config).post(**kwargs)
+
+    params = NeMoGymResponseCreateParamsNonStreaming(input=[], temperature=0.0).model_copy(
+        update={"input": [NeMoGymEasyInputMessage(role="user", content="[good] grade this")]}, deep=True
+    )
+    judged = asyncio.run(call_judge(Recording(), server_name="judge_model", url_path="/v1/responses", json=params,
+                                    response_model=NeMoGymResponse))
+    assert judged.output_text == "Matches the gold target. GRADE: A"
+    assert seen == [{"input": [{"role": "user", "content": "[good] grade this"}], "temperature": 0.0}]
