@@ -126,6 +126,17 @@ def test_v1_responses_directly(stack):
     assert "SimpleModelServer___policy_model" in answer.cookies
 
 
+def test_a_reasoning_only_reply_is_not_the_end_of_the_episode(stack):
+    """As v0.5's loop: the episode ends on a reply with an assistant message and no function call; a reply holding
+    only reasoning gets the model called again, with that reasoning in its input."""
+    body = {"input": "what is two plus two", "metadata": {"scenario": "think-first"}}
+    answer = httpx.post(stack["shopping_simple_agent"] + "/v1/responses", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    output = answer.json()["output"]
+    assert [o["type"] for o in output] == ["reasoning", "message"]
+    assert output[1]["content"][0]["text"] == "thought it over: what is two plus two"
+
+
 def test_the_agent_answers_the_sdks_dialects_too(stack):
     """A harness pointed at the agent: Anthropic Messages and streamed Responses, with the official SDKs."""
     import anthropic
