@@ -8,6 +8,7 @@ Importable from `nemo_gym.http.client` as before (see its module docstring for t
 
 from __future__ import annotations
 
+import functools
 import http.cookiejar
 import inspect
 from http.cookies import SimpleCookie
@@ -109,6 +110,16 @@ class NeMoGymHTTPError(httpx.HTTPStatusError, aiohttp.ClientResponseError):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r})"
+
+    def __reduce__(self) -> Any:
+        # The response and its header proxies cannot be pickled; what a caller reads of the error can, so it crosses
+        # a process boundary (a trainer's Ray actor) with its status and body.
+        url = None if self._url is None else str(self._url)
+        rebuild = functools.partial(
+            type(self), self.message, response_content=self.response_content, server_name=self.server_name,
+            attempts=self.attempts, status=self.status, method=self._method, url=url,
+        )  # fmt: skip
+        return rebuild, ()
 
 
 class ServerResponse:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 import socket
 
 import aiohttp
@@ -132,6 +133,15 @@ async def test_a_run_answered_500_raises_with_its_status_and_body_once_and_the_o
     assert [error.status for error in failed] == [500]
     assert "the agent crashed on purpose" in failed[0].response_content
     assert crashing.calls - before == 1  # not retried: the trainer decides
+
+
+async def test_the_error_crosses_a_process_boundary_with_its_status_and_body(stack):
+    """Trainers collect inside a Ray actor: the error must pickle (aiohttp's own does not: its header proxies)."""
+    head, _ = stack
+    _, failed = await collect(RolloutCollectionHelper(), [row(7, "crashing_agent")], head_server_config=head)
+    copy = pickle.loads(pickle.dumps(failed[0]))
+    assert isinstance(copy, aiohttp.ClientResponseError) and copy.status == 500
+    assert copy.response_content == failed[0].response_content and str(copy) == str(failed[0])
 
 
 async def test_a_run_answered_4xx_raises_with_its_status_and_body(stack):
