@@ -16,6 +16,8 @@ Then a diff on stdout: rows whose reward changed, mean reward before and after, 
 
 Which resources server scores a row: `+resources_server_name` for every row; else the `resources_server` of the
 row's agent (`agent_ref.name`, else `+agent_name`) in the stack's config; else the stack's only resources server.
+A config without agent blocks (resources servers only, as v0.5 recommends) sends every row to its only resources
+server; with several, `+resources_server_name` must choose.
 Which stack: when the config has server blocks (`+config_paths=[...]`), the resources servers the rows need (and
 the servers they refer to, e.g. a judge model) are started with ng_run's launcher for this run and stopped at the
 end; otherwise the running stack that the head server (`+head_server.host/port`) describes.
@@ -190,6 +192,14 @@ class VerifierRouting:
                 f"(agents: {', '.join(self.agents) or '(none)'})."
                 f"{did_you_mean(agent_name, self.agents)}"
             )
+        if self.fixed is None and agent_name is None and not self.agents and self.resources_servers:
+            # A config of resources servers only (as v0.5 recommends for reverify): no agent to route rows by.
+            if len(self.resources_servers) > 1:
+                raise NeMoGymConfigError(
+                    f"the config has no agent blocks to route rows by and {len(self.resources_servers)} resources "
+                    f"servers ({', '.join(self.resources_servers)}); pass +resources_server_name=<one of them>."
+                )
+            self.fixed = self.resources_servers[0]
         self._by_agent: dict[str, str] = {}
 
     def server_for(self, row: dict) -> str:

@@ -87,6 +87,17 @@ def test_routing_by_agent_by_name_and_by_the_only_resources_server():
     assert VerifierRouting(only).server_for(rollout(0, 0, agent=None)) == "math"
 
 
+def test_a_resources_server_only_config_routes_every_row_to_it():
+    """v0.5's tutorials reverify with a config of the resources server alone: the rows' agents are not in it."""
+    only = OmegaConf.create({"math": stack_config()["math"], "judge": stack_config()["judge"]})
+    assert VerifierRouting(only).server_for(rollout(0, 0, agent="math_agent")) == "math"
+    both = OmegaConf.create({"math": stack_config()["math"], "code": stack_config()["code"]})
+    with pytest.raises(NeMoGymConfigError, match=r"no agent blocks.*2 resources servers \(math, code\).*"
+                                                 r"\+resources_server_name=<one of them>"):
+        VerifierRouting(both)
+    assert VerifierRouting(both, resources_server_name="code").server_for(rollout(0, 0)) == "code"
+
+
 def test_check_reports_every_bad_line_with_file_and_line(tmp_path):
     rows = [
         rollout(0, 0),
