@@ -84,6 +84,9 @@ class Command:
     # words than names the last parameter gets the list of the remaining words.
     positionals: tuple[str, ...] = ()
     flags: Mapping[str, str] = field(default_factory=dict)  # short aliases: {"-o": "output_fpath"}
+    # Commands whose parameters this one accepts without using them: job scripts pass one list of keys to `ng_run`
+    # and to `ng_collect_rollouts`, and NeMo Gym's `ng_run` takes them silently.
+    accepts_keys_of: tuple["Command", ...] = ()
 
     @property
     def script(self) -> str:
@@ -95,6 +98,13 @@ class Command:
             return self.model
         module, _, attr = self.model.partition(":")
         return getattr(importlib.import_module(module), attr)
+
+    def accepted_keys(self) -> set[str]:
+        """The top-level keys this command takes: its parameters and those of the commands in `accepts_keys_of`."""
+        keys = set(self.config_model.parameter_keys())
+        for other in self.accepts_keys_of:
+            keys |= other.accepted_keys()
+        return keys
 
     # ------------------------------------------------------------------------------------------------ running
     def main(self, args: list[str]) -> int:
@@ -188,6 +198,7 @@ class Command:
             overrides,
             command_name=self.script,
             parameters=model.parameter_keys(),
+            more_parameters=self.accepted_keys if self.accepts_keys_of else None,
             global_config=cfg if self.reads_config_files else None,
             initial_config=self.initial_config,
         )
@@ -231,6 +242,10 @@ class Command:
         if description:
             lines += ["", description]
         lines += ["", *model.parameter_table()]
+        if self.accepts_keys_of:
+            others = ", ".join(other.script for other in self.accepts_keys_of)
+            lines += ["", textwrap.fill(f"Also accepts, without using them, the parameters of {others} (a job script "
+                                        "may pass the same keys to each).", 100)]
         if self.examples:
             lines += ["", "Examples:", *(f"  {example}" for example in self.examples)]
         lines += ["", textwrap.fill(OVERRIDES_NOTE if self.reads_config_files else OVERRIDES_ONLY_NOTE, 100)]

@@ -3,7 +3,9 @@
 Every key of the global config is a valid override in general, which is why `+num_repeat=3` used to "work" and
 collect one rollout per task. A command now refuses a top-level key unless it is one of:
 
-- a parameter of the command (a field or alias of its config model);
+- a parameter of the command (a field or alias of its config model), or of a command whose keys it accepts without
+  using them: `ng_run` takes those of `ng_collect_rollouts` and `ng_e2e_collect_rollouts`, because job scripts pass
+  one `+key=value` list to both (`Command.accepts_keys_of`);
 - a global key the framework itself reads (`GlobalKeys` below, the reserved keys, the policy_* keys);
 - a top-level key of the config files, env.yaml or the command's initial config (server blocks, your own keys);
 - a key that a `${...}` interpolation of the merged config refers to (`${policy_base_url}`).
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Optional
+from typing import Any, Callable, Iterable, Literal, Mapping, Optional
 
 from pydantic import BaseModel, Field
 
@@ -234,13 +236,19 @@ def check_known_keys(
     global_config: Any = None,
     initial_config: Optional[Mapping[str, Any]] = None,
     cwd: Optional[Path] = None,
+    more_parameters: Optional[Callable[[], Iterable[str]]] = None,
 ) -> None:
     """Raise `NeMoGymConfigError` naming every unknown top-level key (with a did-you-mean), before the command runs.
 
     `parameters` are the command's own keys; `global_config` is the merged config (None for commands that read no
-    config files), whose files, env.yaml and interpolations make more keys known."""
+    config files), whose files, env.yaml and interpolations make more keys known. `more_parameters` gives keys the
+    command accepts without using them (`ng_run` takes `ng_collect_rollouts`'s); listing them costs imports, so it
+    is called only when a key is not known otherwise."""
     known = {*parameters, *FRAMEWORK_KEYS, *(initial_config or {})}
     unknown = _unknown(overrides, known)
+    if unknown and more_parameters is not None:
+        known |= set(more_parameters())
+        unknown = _unknown(unknown, known)
     if unknown and global_config is not None:
         from omegaconf import OmegaConf
 

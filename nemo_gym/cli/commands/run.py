@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nemo_gym.cli.command import Command
+from nemo_gym.cli.commands import collect, e2e_collect
 from nemo_gym.config.known_keys import GlobalKeys
 from nemo_gym.errors import NeMoGymConfigError
 
@@ -52,6 +53,8 @@ COMMAND = Command(
     model=RunConfig,
     run=run,
     allocate_ports=True,
+    # Job scripts (NeMo Skills' rollout job) hand ng_run the same `+key=value` list as ng_collect_rollouts.
+    accepts_keys_of=(collect.COMMAND, e2e_collect.COMMAND),
     examples=(
         EXAMPLE,
         'ng_run "+config_paths=[resources_servers/mcqa/configs/mcqa.yaml,'
