@@ -116,6 +116,17 @@ def instance_label(inst: dict[str, Any]) -> str:
     return name
 
 
+# What ng_status prints when no head server answers, and the count line below its table: NeMo Gym v0.2/v0.5's
+# wording, which job scripts grep for (they start the next step once the count line says `0 unhealthy`).
+NO_SERVERS_LINE = "No NeMo Gym servers found running."
+
+
+def summary_line(instances: list[dict[str, Any]]) -> str:
+    """`N servers found (H healthy, U unhealthy)`, one server per replica."""
+    healthy = sum(1 for i in instances if i["healthy"])
+    return f"{len(instances)} servers found ({healthy} healthy, {len(instances) - healthy} unhealthy)"
+
+
 def print_status(instances: list[dict[str, Any]], out: TextIO) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -146,8 +157,6 @@ def print_status(instances: list[dict[str, Any]], out: TextIO) -> None:
         )
     console = Console(file=out, width=340 if ray else 240)  # wide enough that no server name or URL is cut
     console.print(table)
-    healthy = sum(1 for i in instances if i["healthy"])
-    console.print(f"{healthy} / {len(instances)} servers healthy")
     failed = [instance_label(i) for i in instances if i.get("state") == "failed"]
     if failed:
         console.print(f"failed (restart budget spent, stays down until ng_run is restarted): {', '.join(failed)}")
@@ -159,3 +168,4 @@ def print_status(instances: list[dict[str, Any]], out: TextIO) -> None:
             f"{LIMIT_PER_HOST_KEY}, set when starting ng_run); ng_collect_rollouts raises its own to "
             f"+num_samples_in_parallel"
         )
+    console.print(summary_line(instances), highlight=False)  # last, as in NeMo Gym

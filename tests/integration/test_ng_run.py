@@ -94,7 +94,7 @@ def test_stack_starts_runs_a_rollout_and_stops_cleanly_on_sigint(fake_backend):
             capture_output=True, text=True, timeout=60,
         )
         assert status.returncode == 0, status.stderr
-        assert "3 / 3 servers healthy" in status.stdout
+        assert "3 servers found (3 healthy, 0 unhealthy)" in status.stdout
         assert "counter_resources_server" in status.stdout
 
         pids = [info["pid"] for info in servers.values()]

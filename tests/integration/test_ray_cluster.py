@@ -146,7 +146,7 @@ def test_replicas_land_where_their_resources_say_and_ng_status_lists_them(stack)
     for line in rows:
         node = nodes["verifier"] if RESOURCES in line else nodes["agent"]
         assert node in line and "ready" in line and "✓" in line, line
-    assert "5 / 5 servers healthy" in status.stdout
+    assert "5 servers found (5 healthy, 0 unhealthy)" in status.stdout
     assert ng_run.proc.poll() is None
 
 

@@ -75,7 +75,7 @@ def test_server_instances_and_ng_status_list_every_replica(stack):
         for r in by_name[name]:
             line = next(line for line in status.stdout.splitlines() if f"{name}[{r['replica']}]" in line)
             assert r["url"] in line and str(r["pid"]) in line and "ready" in line
-    assert "5 / 5 servers healthy" in status.stdout
+    assert "5 servers found (5 healthy, 0 unhealthy)" in status.stdout
     # Replica 0 keeps the block's own port: clients that know only host/port still reach a replica.
     assert ng_run.proc.poll() is None
 

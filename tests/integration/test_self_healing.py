@@ -196,7 +196,7 @@ def test_restart_budget_spent_marks_the_server_failed_and_status_shows_it(tmp_pa
             status = subprocess.run([*STATUS, f"+head_server.port={head_port}"], capture_output=True, text=True,
                                     timeout=60)
             assert status.returncode == 1, status.stdout
-            assert "2 / 3 servers healthy" in status.stdout and "failed" in status.stdout
+            assert "3 servers found (2 healthy, 1 unhealthy)" in status.stdout and "failed" in status.stdout
             assert instances(head_port)[AGENT]["state"] == "ready"  # the rest of the stack stays up
         finally:
             code = stack.stop(timeout=60)

@@ -3,11 +3,12 @@ same help on every form, `ng help`, unknown keys refused with a did-you-mean, on
 installed scripts as real processes (and `ng_run` refusing bad configs) are tests/integration/test_cli_processes.py."""
 
 import io
+import json
 import os
 import pkgutil
 import sys
 import tomllib
-from contextlib import redirect_stdout
+from contextlib import contextmanager, redirect_stdout
 from importlib import import_module
 from pathlib import Path
 
@@ -158,6 +159,40 @@ def test_check_known_keys_rules():
         check("alpah=1", params=["alpha"])
 
 
+JOB_SCRIPT_EXTRAS = [
+    "+agent_name=a", "+num_samples_in_parallel=4", "+num_repeats=2", "+limit=3", "+prompt_config=p.yaml",
+    "+resume_from_cache=true", "+responses_create_params.temperature=0.5", "+input_jsonl_fpath=in.jsonl",
+    "+output_jsonl_fpath=out.jsonl", "+split=example",
+]
+
+
+def test_ng_run_accepts_every_key_of_the_collection_commands_and_refuses_the_rest(tmp_path, capsys, monkeypatch):
+    """Job scripts hand ng_run the same extra keys as ng_collect_rollouts (NeMo Gym's ng_run takes them silently);
+    a key that no command knows is still refused, with a did-you-mean that may name a collection key."""
+    from nemo_gym.config import ports
+
+    run = cli.find_command("run")
+    for other in ("collect_rollouts", "e2e_collect_rollouts"):
+        assert set(cli.find_command(other).config_model.parameter_keys()) <= run.accepted_keys()
+    monkeypatch.chdir(tmp_path)
+    try:
+        # Past the key check, ng_run stops at the missing config files (it starts nothing in this process).
+        assert run.main(JOB_SCRIPT_EXTRAS) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ng_run: nothing to start") and "unknown key" not in err, err
+        assert run.main([*JOB_SCRIPT_EXTRAS, "+num_repeat=2"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ng_run: unknown key `+num_repeat`. Did you mean `+num_repeats`?"), err
+    finally:
+        ports.release_all()
+    help_text = " ".join(run.help_text().split())
+    assert "the parameters of ng_collect_rollouts, ng_e2e_collect_rollouts" in help_text
+    assert "+agent_name" not in help_text  # accepted, not listed among ng_run's own parameters
+    # The other commands stay strict.
+    assert cli.find_command("status").main(["+num_repeats=2"]) == 2
+    assert "unknown key `+num_repeats`" in capsys.readouterr().err
+
+
 def test_referenced_keys():
     cfg = {"a": "${x}", "b": ["${y.z}", {"c": "pre ${w[0]} ${oc.env:HOME} ${oc.select:v.q,1} ${.rel}"}]}
     assert referenced_keys(cfg) == {"x", "y", "w", "v"}
@@ -203,6 +238,65 @@ def test_one_error_path(capsys):
     result = CliRunner().invoke(cli.app, ["version", "+jsn=true"])
     assert result.exit_code == 2 and "error: ng_version: unknown key" in result.output
 
+
+# ------------------------------------------------------------------------------------------------ ng_status
+
+
+@contextmanager
+def head_server_listing(instances: list):
+    """A real head server (the one ng_run runs) whose `/server_instances` lists `instances`; yields its port."""
+    import socket
+
+    from nemo_gym.runtime.head_server import HeadServer
+    from tests.conftest import free_port
+
+    port = free_port()
+    head = HeadServer("{}", lambda: [dict(i) for i in instances])
+    head.start(socket.create_server(("127.0.0.1", port)))
+    try:
+        yield port
+    finally:
+        head.stop()
+
+
+def _instance(name: str, url: str) -> dict:
+    return {"process_name": name, "server_type": "resources_servers", "name": "impl", "url": url, "pid": 1,
+            "state": "ready", "start_time": 0}
+
+
+def test_ng_status_prints_nemo_gyms_count_line_and_json_stays_json(capsys):
+    """Job scripts poll ng_status until its output says `0 unhealthy` (NeMo Gym v0.2/v0.5's wording)."""
+    from tests.conftest import free_port
+
+    status = cli.find_command("status")
+    with head_server_listing([]) as port:
+        head = f"http://127.0.0.1:{port}"  # the head server answers /health: a healthy server to list
+        healthy = [_instance("a", head), _instance("b", head)]
+        with head_server_listing(healthy) as ready_port:
+            assert status.main([f"+head_server.port={ready_port}"]) == 0
+            out = capsys.readouterr().out
+            assert out.rstrip().splitlines()[-1] == "2 servers found (2 healthy, 0 unhealthy)"
+            assert status.main([f"+head_server.port={ready_port}", "+json=true"]) == 0
+            assert [i["process_name"] for i in json.loads(capsys.readouterr().out)] == ["a", "b"]
+        with head_server_listing([*healthy, _instance("down", f"http://127.0.0.1:{free_port()}")]) as mixed_port:
+            assert status.main([f"+head_server.port={mixed_port}"]) == 1
+            assert "3 servers found (2 healthy, 1 unhealthy)" in capsys.readouterr().out
+        # A head server that lists no server yet: no count line (`0 unhealthy` would read as a ready stack).
+        assert status.main([f"+head_server.port={port}"]) == 1
+        assert capsys.readouterr().out == "No NeMo Gym servers found running.\n"
+
+
+def test_ng_status_without_a_stack_says_so_on_stdout_and_gives_the_hint_on_stderr(capsys):
+    from tests.conftest import free_port
+
+    status = cli.find_command("status")
+    port = free_port()
+    assert status.main([f"+head_server.port={port}"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "No NeMo Gym servers found running.\n"
+    assert captured.err.startswith(f"error: ng_status: No head server answered at http://127.0.0.1:{port}")
+    assert status.main([f"+head_server.port={port}", "+json=true"]) == 1
+    assert json.loads(capsys.readouterr().out) == []
 
 
 # ------------------------------------------------------------------------------------------ shell completion

@@ -275,4 +275,4 @@ def test_status_names_each_replica():
     )
     text = out.getvalue()
     assert "srv[0]" in text and "srv[1]" in text and "http://h:2" in text and "solo[" not in text
-    assert "3 / 3 servers healthy" in text
+    assert "3 servers found (3 healthy, 0 unhealthy)" in text

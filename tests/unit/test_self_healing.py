@@ -63,4 +63,4 @@ def test_status_table_shows_state_restarts_last_exit_and_uptime():
     )
     text = out.getvalue()
     assert "restarts" in text and "last exit" in text and "-9" in text
-    assert "1 / 2 servers healthy" in text and "failed (restart budget spent" in text and "dead" in text
+    assert "2 servers found (1 healthy, 1 unhealthy)" in text and "failed (restart budget spent" in text and "dead" in text

@@ -14,8 +14,9 @@ from nemo_gym.config.types import BaseNeMoGymCLIConfig
 
 class StatusConfig(BaseNeMoGymCLIConfig):
     """Ask the head server of a running stack for its servers, check each one's /health and print a table.
-    Shows each server's state (ready, restarting, failed), restarts, last exit code and uptime.
-    Exits 1 when a server is unhealthy or failed, or no head server answers."""
+    Shows each server's state (ready, restarting, failed), restarts, last exit code and uptime, then NeMo Gym's
+    count line `N servers found (H healthy, U unhealthy)` (job scripts wait for `0 unhealthy`).
+    Exits 1 when a server is unhealthy or failed, or no server is found (`No NeMo Gym servers found running.`)."""
 
     head_server: HeadServerKeys = Field(
         default_factory=HeadServerKeys,
@@ -27,14 +28,20 @@ class StatusConfig(BaseNeMoGymCLIConfig):
 
 
 def run(config: StatusConfig) -> int:
-    from nemo_gym.runtime.status import fetch_status, print_status
+    from nemo_gym.runtime.status import NO_SERVERS_LINE, fetch_status, print_status
 
-    instances = fetch_status(config.head_server.host, config.head_server.port)  # ConnectionError: exit 1 with a hint
+    try:
+        instances = fetch_status(config.head_server.host, config.head_server.port)
+    except ConnectionError:  # stdout says what NeMo Gym says; the error line on stderr gives the hint, exit 1
+        print("[]" if config.json_output else NO_SERVERS_LINE)
+        raise
     if config.json_output:
         print(json.dumps(instances, indent=2, default=str))
-    else:
+    elif instances:
         print_status(instances, sys.stdout)
-    return 0 if all(i["healthy"] for i in instances) else 1
+    else:  # a head server without servers: no count line, which a job script would take for a ready stack
+        print(NO_SERVERS_LINE)
+    return 0 if instances and all(i["healthy"] for i in instances) else 1
 
 
 COMMAND = Command(
