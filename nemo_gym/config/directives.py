@@ -7,16 +7,17 @@
 - `_delete_key: "k1, k2"` in a mapping removes those keys after the merge (each must exist).
 
 A benchmark config, for instance, reuses a generic resources server block and repoints one field:
-`aime24_resources_server: {_inherit_from: math_resources_server, judge_model_server: {name: my_judge}}`.
+`aime24_math_with_judge_resources_server: {_inherit_from: math_with_judge, resources_servers: {...}}`.
 Sources are looked up in the config as merged (before any directive ran), and a source that itself uses a
-directive is resolved first. A path that does not exist, or a cycle, is an `InheritPathNotFoundError` that names
-the key and the path.
+directive is resolved first. The caller may pass an `alias` that spells a source's missing first key another way
+(our old resources-server ids, `legacy_ids`). A path that does not exist, or a cycle, is an
+`InheritPathNotFoundError` that names the key and the path.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from nemo_gym.errors import InheritPathNotFoundError
 
@@ -24,6 +25,7 @@ __all__ = [
     "INHERIT_FROM_RESOLVER_NAME",
     "COPY_RESOLVER_NAME",
     "apply_config_directives",
+    "deep_merge",
     "directive_literal",
     "lookup_path",
 ]
@@ -76,20 +78,34 @@ def lookup_path(root: Any, parts: list[str]) -> tuple[bool, Any]:
     return True, node
 
 
-def _deep_merge(base: Any, over: Any) -> Any:
+def deep_merge(base: Any, over: Any) -> Any:
+    """`over`'s keys merged over `base`'s, recursively for mappings (lists and values of `over` replace)."""
     if isinstance(base, dict) and isinstance(over, dict):
         merged = dict(base)
         for key, value in over.items():
-            merged[key] = _deep_merge(base[key], value) if key in base else value
+            merged[key] = deep_merge(base[key], value) if key in base else value
         return merged
     return over
 
 
+# `alias(config, first_key)`: the key a missing first key of a source path stands for, or None.
+Alias = Callable[[Mapping, str], Optional[str]]
+
+
 class _Resolver:
-    def __init__(self, data: dict) -> None:
+    def __init__(self, data: dict, alias: Optional[Alias]) -> None:
         self.frozen = copy.deepcopy(data)
+        self.alias = alias
         self.moved: list[str] = []
         self.active: list[str] = []
+
+    def spelled(self, path: str) -> str:
+        """`path` with its first key replaced by the caller's alias when only the alias is in the config."""
+        parts = [p for p in path.split(".") if p]
+        if self.alias is None or not parts or _lookup(self.frozen, path)[0]:
+            return path
+        other = self.alias(self.frozen, parts[0])
+        return ".".join([other, *parts[1:]]) if other else path
 
     def source(self, path: str, where: str) -> Any:
         """The resolved value at `path` (its own directives applied first)."""
@@ -112,6 +128,7 @@ class _Resolver:
         directive = _string_directive(node)
         if directive is not None:
             path, move = directive
+            path = self.spelled(path)
             if move:
                 self.moved.append(path)
             return self.source(path, where)
@@ -123,13 +140,13 @@ class _Resolver:
         result: Any = {k: self.resolve(v, f"{where}.{k}" if where else str(k)) for k, v in own.items()}
         for key, move in ((_INHERIT_KEY, True), (_COPY_KEY, False)):
             if key in node:
-                path = str(node[key]).strip()
+                path = self.spelled(str(node[key]).strip())
                 base = self.source(path, f"{where}.{key}" if where else key)
                 if not isinstance(base, dict):
                     raise InheritPathNotFoundError(f"`{where}.{key}: {path}`: `{path}` is not a mapping to build on.")
                 if move:
                     self.moved.append(path)
-                result = _deep_merge(base, result)
+                result = deep_merge(base, result)
         if _DELETE_KEY in node:
             for name in [n.strip() for n in str(node[_DELETE_KEY]).split(",") if n.strip()]:
                 if name not in result:
@@ -141,11 +158,11 @@ class _Resolver:
         return result
 
 
-def apply_config_directives(data: dict) -> None:
+def apply_config_directives(data: dict, alias: Optional[Alias] = None) -> None:
     """Apply every directive of the merged config `data` in place (a no-op without any)."""
     if not _has_directive(data):
         return
-    resolver = _Resolver(data)
+    resolver = _Resolver(data, alias)
     resolved = resolver.resolve(data, "")
     data.clear()
     data.update(resolved)

@@ -44,6 +44,7 @@ from nemo_gym.config.directives import (
     directive_literal,
     lookup_path,
 )
+from nemo_gym.config.legacy_ids import fold_alias_fragments, resources_server_alias
 from nemo_gym.errors import NeMoGymConfigError, closest_match, did_you_mean
 from nemo_gym.config.overrides import Override, apply_overrides, parse_overrides
 from nemo_gym.config import ports as _ports
@@ -666,6 +667,10 @@ def _check_refs(data: dict, full: DictConfig, valid: list[str], almost: dict[str
                 continue
             existing = _existing_of_type(data, ref_type, valid)
             msg = f"Server `{sid}` refers to {ref_type} server `{name}` (at `{where}`), "
+            alias = resources_server_alias(data, name)
+            if alias is not None and types_by_id.get(alias) == ref_type:
+                impl_cfg[field_name]["name"] = alias  # the other spelling of its id (legacy_ids)
+                continue
             if name in types_by_id:
                 msg += f"but `{name}` is a {types_by_id[name]} server, not one of {ref_type}. "
             elif name in almost:
@@ -864,7 +869,8 @@ def parse_global_config(
 
     data = OmegaConf.to_container(merged, resolve=False)
     _apply_swap_keys(data)
-    apply_config_directives(data)
+    fold_alias_fragments(data)
+    apply_config_directives(data, alias=resources_server_alias)
     _apply_defaults(data, loaded)
     return _validate_and_allocate(data, allocate_ports=allocate_ports)
 
@@ -1194,9 +1200,15 @@ def find_open_port(
 # --------------------------------------------------------------------------------------------------
 # Dumping
 # --------------------------------------------------------------------------------------------------
+def _block_id(cfg: DictConfig, server_id: str) -> str:
+    """`server_id`, or the id of the resources server it is the other spelling of (`legacy_ids`)."""
+    return resources_server_alias(cfg, server_id) or server_id
+
+
 
 
 def dump_config_yaml(cfg: Optional[DictConfig] = None, *, resolve: bool = True, mask: bool = True) -> str:
+    server_id = _block_id(cfg, server_id)
     """The config as YAML: resolved (`ng_dump_config`) or not (what server children receive), with
     secrets masked or not. Unresolvable interpolations raise NeMoGymConfigError naming the key."""
     cfg = get_global_config_dict() if cfg is None else cfg
@@ -1209,3 +1221,5 @@ def dump_config_yaml(cfg: Optional[DictConfig] = None, *, resolve: bool = True, 
     if mask:
         data = _mask(data)
     return OmegaConf.to_yaml(OmegaConf.create(data))
+    server_id = _block_id(_as_dictconfig(cfg), server_id)
+    server_id = _block_id(cfg, server_id)

@@ -14,7 +14,7 @@ from enum import Enum
 from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from nemo_gym.errors import NeMoGymConfigError, closest_match
 from nemo_gym.config.values import truthy
@@ -214,14 +214,23 @@ class DatasetConfig(BaseModel):
 class BenchmarkDatasetConfig(DatasetConfig):
     """The dataset of a benchmark definition (`benchmarks/<name>/config.yaml`, NeMo Gym v0.5).
 
-    Its JSONL is not committed: `prepare_script` (a dotted module path, e.g. `benchmarks.arithmetic.prepare`) has a
-    `prepare(**args)` that writes it and returns its path, which must be `jsonl_fpath` (`ng_prepare_benchmark`).
+    Its JSONL is not committed: `prepare_script` (a dotted module path, e.g. `benchmarks.arithmetic.prepare`, or the
+    file's path as NeMo Gym v0.5's own configs write it, `benchmarks/arithmetic/prepare.py`, read as the same module)
+    has a `prepare(**args)` that writes it and returns its path, which must be `jsonl_fpath` (`ng_prepare_benchmark`).
     `prompt_config` (a prompt template YAML) renders each row's input at collation, so the data stays prompt-free;
     `num_repeats` copies each row that many times at collation."""
 
     type: Literal["benchmark"] = "benchmark"
     prepare_script: str
     prompt_config: Optional[str] = None
+
+    @field_validator("prepare_script")
+    @classmethod
+    def _script_path_as_module(cls, value: str) -> str:
+        if not value.endswith(".py"):
+            return value
+        parts = [p for p in value[: -len(".py")].replace("\\", "/").split("/") if p and p != "."]
+        return ".".join(parts)
 
 
 def parse_dataset_config(raw: Any) -> DatasetConfig:

@@ -1,7 +1,7 @@
 """mcqa: multiple-choice questions graded by the option letter the model picked.
 
 There are no tools: the model answers in text and `verify` extracts a letter from it. How it extracts is chosen
-per row:
+per row (or for all rows by the server's `grading_mode`, when set):
 
 * `template_metadata.output_regex` (optional): a regex written for the prompt template, e.g.
   `Final Choice:\\s*([A-Z])`. It is tried first; when it yields no answer (no match, an invalid pattern, or a
@@ -35,11 +35,13 @@ from nemo_gym.base_resources_server import (
 from nemo_gym.verifiers import latex_answers
 
 
-class MCQAResourcesServerConfig(BaseResourcesServerConfig):
-    pass
-
-
 GradingMode = Literal["strict_single_letter_boxed", "lenient_boxed", "lenient_answer_colon"]
+
+
+class MCQAResourcesServerConfig(BaseResourcesServerConfig):
+    # Set (NeMo Gym v0.5's `++mcqa.resources_servers.mcqa.grading_mode=...`), it replaces every row's own mode: a
+    # benchmark's prompt template decides the answer format for all of its rows.
+    grading_mode: Optional[GradingMode] = None
 
 
 class MCQARunRequest(BaseRunRequest):
@@ -201,6 +203,8 @@ class MCQAResourcesServer(SimpleResourcesServer):
         return super().setup_webserver()  # no tools: the answer is in the text
 
     async def verify(self, body: MCQAVerifyRequest) -> MCQAVerifyResponse:
+        if self.config.grading_mode is not None:
+            body = body.model_copy(update={"grading_mode": self.config.grading_mode})
         extracted = extract_letter(assistant_text(body), body)
         gold = (body.expected_answer or "").strip().upper()
         reward = 1.0 if gold and extracted == gold else 0.0
