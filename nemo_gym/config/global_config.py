@@ -665,12 +665,12 @@ def _check_refs(data: dict, full: DictConfig, valid: list[str], almost: dict[str
                     raise NeMoGymConfigError(_explain_resolution_error(err, f"{where}.name")) from None
             if types_by_id.get(name) == ref_type:
                 continue
-            existing = _existing_of_type(data, ref_type, valid)
-            msg = f"Server `{sid}` refers to {ref_type} server `{name}` (at `{where}`), "
             alias = resources_server_alias(data, name)
             if alias is not None and types_by_id.get(alias) == ref_type:
                 impl_cfg[field_name]["name"] = alias  # the other spelling of its id (legacy_ids)
                 continue
+            existing = _existing_of_type(data, ref_type, valid)
+            msg = f"Server `{sid}` refers to {ref_type} server `{name}` (at `{where}`), "
             if name in types_by_id:
                 msg += f"but `{name}` is a {types_by_id[name]} server, not one of {ref_type}. "
             elif name in almost:
@@ -1130,9 +1130,15 @@ def _unknown_server(cfg: DictConfig, server_id: str) -> NeMoGymConfigError:
     return NeMoGymConfigError(msg)
 
 
+def _block_id(cfg: DictConfig, server_id: str) -> str:
+    """`server_id`, or the id of the resources server it is the other spelling of (`legacy_ids`)."""
+    return resources_server_alias(cfg, server_id) or server_id
+
+
 def get_first_server_config_dict(cfg: Optional[DictConfig], server_id: str) -> DictConfig:
     """The implementation-level dict of block `server_id` (`cfg[id] -> first -> first`), unresolved."""
     cfg = _as_dictconfig(cfg)
+    server_id = _block_id(cfg, server_id)
     if server_id not in cfg:
         raise _unknown_server(cfg, server_id)
     node = cfg[server_id]
@@ -1150,6 +1156,7 @@ def get_first_server_config_dict(cfg: Optional[DictConfig], server_id: str) -> D
 
 def resolve_server_config(cfg: Optional[DictConfig], server_id: str) -> dict:
     """The resolved implementation-level dict of `server_id` as plain Python, plus `name`."""
+    server_id = _block_id(_as_dictconfig(cfg), server_id)
     node = get_first_server_config_dict(cfg, server_id)
     try:
         out = OmegaConf.to_container(node, resolve=True)
@@ -1169,6 +1176,7 @@ def load_server_config(config_cls: type[BaseModel], server_id: Optional[str] = N
             raise NeMoGymConfigError(
                 f"No server id: {NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME} is not set (start servers with ng_run)."
             )
+    server_id = _block_id(cfg, server_id)
     data = resolve_server_config(cfg, server_id)
     block = cfg[server_id]
     server_type = next(iter(block.keys()))
@@ -1200,15 +1208,9 @@ def find_open_port(
 # --------------------------------------------------------------------------------------------------
 # Dumping
 # --------------------------------------------------------------------------------------------------
-def _block_id(cfg: DictConfig, server_id: str) -> str:
-    """`server_id`, or the id of the resources server it is the other spelling of (`legacy_ids`)."""
-    return resources_server_alias(cfg, server_id) or server_id
-
-
 
 
 def dump_config_yaml(cfg: Optional[DictConfig] = None, *, resolve: bool = True, mask: bool = True) -> str:
-    server_id = _block_id(cfg, server_id)
     """The config as YAML: resolved (`ng_dump_config`) or not (what server children receive), with
     secrets masked or not. Unresolvable interpolations raise NeMoGymConfigError naming the key."""
     cfg = get_global_config_dict() if cfg is None else cfg
@@ -1221,5 +1223,3 @@ def dump_config_yaml(cfg: Optional[DictConfig] = None, *, resolve: bool = True, 
     if mask:
         data = _mask(data)
     return OmegaConf.to_yaml(OmegaConf.create(data))
-    server_id = _block_id(_as_dictconfig(cfg), server_id)
-    server_id = _block_id(cfg, server_id)
