@@ -100,6 +100,7 @@ __all__ = [
     "set_global_config_dict",
     "load_config_from_env_yaml_text",
     "get_global_config_dict",
+    "build_global_config_dict",
     "find_server_instances",
     "blocks_without_entrypoint",
     "get_first_server_config_dict",
@@ -1065,21 +1066,44 @@ def get_global_config_dict(
         if env_text is not None:
             _GLOBAL_CONFIG_DICT = load_config_from_env_yaml_text(env_text)
         else:
-            if overrides is None:
-                overrides = [] if options.skip_load_from_cli else _default_cli_overrides()
-            initial = initial_global_config_dict
-            if initial is None:
-                initial = options.initial_global_config_dict
-            _GLOBAL_CONFIG_DICT = parse_global_config(
-                overrides,
-                initial_global_config_dict=initial,
-                allocate_ports=allocate_ports,
-                env_yaml_path=options.dotenv_path,
-                load_env_yaml=not options.skip_load_from_dotenv,
-            )
+            _GLOBAL_CONFIG_DICT = _parse_with(options, overrides, initial_global_config_dict, allocate_ports)
     if options.hide_secrets:
         return mask_secrets(_GLOBAL_CONFIG_DICT)
     return _GLOBAL_CONFIG_DICT
+
+
+def build_global_config_dict(global_config_dict_parser_config: Optional[GlobalConfigDictParserConfig] = None) -> DictConfig:
+    """Parse a new global config from these options (never the cached one) and install it as this process's.
+
+    For code that starts a stack in its own process (`RunHelper().start(...)`, NeMo Gym v0.5's in-process start):
+    a trainer may build several configs in one process, and its argv is not ours when `skip_load_from_cli`."""
+    global _GLOBAL_CONFIG_DICT
+    options = global_config_dict_parser_config or GlobalConfigDictParserConfig()
+    _GLOBAL_CONFIG_DICT = _parse_with(options, None, None, allocate_ports=True)
+    return _GLOBAL_CONFIG_DICT
+
+
+def _parse_with(
+    options: GlobalConfigDictParserConfig,
+    overrides: Optional[list[str]],
+    initial_global_config_dict: Optional[Mapping | DictConfig],
+    allocate_ports: bool,
+) -> DictConfig:
+    if overrides is None:
+        overrides = [] if options.skip_load_from_cli else _default_cli_overrides()
+    initial = initial_global_config_dict
+    if initial is None:
+        initial = options.initial_global_config_dict
+    # A `dotenv_path` that does not exist is skipped, as NeMo Gym does (trainers pass a path that is often absent).
+    dotenv_given = options.dotenv_path is not None
+    dotenv_exists = dotenv_given and Path(options.dotenv_path).is_file()
+    return parse_global_config(
+        overrides,
+        initial_global_config_dict=initial,
+        allocate_ports=allocate_ports,
+        env_yaml_path=options.dotenv_path if dotenv_exists else None,
+        load_env_yaml=not options.skip_load_from_dotenv and (dotenv_exists or not dotenv_given),
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -109,13 +109,7 @@ def e2e_collect_rollouts(params: E2ERolloutCollectionConfig, cfg: Any) -> int:
     # SIGTERM ends the run like Ctrl-C: the stack is stopped in `finally`.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        helper.prepare()
-        helper.reserve_head_port()
-        helper.start_ray()
-        helper.start_servers()
-        helper.start_head()
-        helper.print_ready_table(helper.wait_until_ready())
-        helper.wait_for_model_endpoints()  # v0.5: each model server's backend answers before the first rollout
+        helper.start()  # ng_run's start: every server healthy, and each model server's backend answering
         collection = RolloutCollectionConfig(
             input_jsonl_fpath=str(input_path),
             output_jsonl_fpath=str(output),

@@ -217,7 +217,8 @@ def check_entrypoint(spec: ServerInstanceSpec, server_dir: Path) -> str:
 class RunHelper:
     """Owns one running stack: head server, child processes, optional Ray, reserved sockets."""
 
-    def __init__(self, global_config: DictConfig, *, cwd: Optional[Path] = None, out=None):
+    def __init__(self, global_config: Optional[DictConfig] = None, *, cwd: Optional[Path] = None, out=None):
+        # None: `start(global_config_dict_parser_config)` builds it (NeMo Gym v0.5's in-process start).
         self.cfg = global_config
         self.cwd = Path(cwd or os.getcwd())
         self.out = out or sys.stdout
@@ -228,8 +229,12 @@ class RunHelper:
         self._stop_requested = threading.Event()
         self._stop_supervision = threading.Event()
         self._supervisor: Optional[threading.Thread] = None
-        self.ready_timeout_s = float(global_config.get("ready_timeout_s", DEFAULT_READY_TIMEOUT_S))
         self._print_lock = threading.Lock()
+        self._shut_down = False
+
+    @property
+    def ready_timeout_s(self) -> float:
+        return float(self.cfg.get("ready_timeout_s", DEFAULT_READY_TIMEOUT_S))
 
     # ----------------------------------------------------------------------------------------------- output
     def say(self, text: str) -> None:
@@ -754,6 +759,11 @@ class RunHelper:
                 pass
 
     def shutdown(self) -> None:
+        """Stop every server (SIGINT, then SIGTERM, then SIGKILL of their process groups), the Ray actors, the head
+        server, and Ray if this process started it. Nothing is left running; calling it again does nothing."""
+        if self._shut_down:
+            return
+        self._shut_down = True
         self._stop_supervision.set()  # no restarts while stopping
         if self._supervisor is not None:
             self._supervisor.join(timeout=30)
@@ -956,14 +966,91 @@ class RunHelper:
             self._supervisor = threading.Thread(target=self._supervise_loop, name="nemo_gym-supervisor", daemon=True)
             self._supervisor.start()
 
+    # ------------------------------------------------------------------------------------ the whole lifecycle
+    def start(self, global_config_dict_parser_config: Any = None) -> None:
+        """Start the stack and return once every server answers (NeMo Gym v0.5's in-process start, which trainers
+        call as `RunHelper().start(GlobalConfigDictParserConfig(...))`; `ng_run` starts through it too).
+
+        Without a config given to the constructor, it is built from `global_config_dict_parser_config` (with
+        `skip_load_from_cli=True`, the caller's argv is not read) and installed as this process's global config,
+        so `get_global_config_dict()` and the rollout helpers see it. With `dry_run: true` the servers'
+        environments are built and nothing starts. Installs no signal handler: the caller owns those."""
+        if self.cfg is None:
+            from nemo_gym.config.global_config import build_global_config_dict
+
+            self.cfg = build_global_config_dict(global_config_dict_parser_config)
+        try:
+            self._start()
+        except BaseException:
+            self.shutdown()  # an in-process caller gets the error, never a half-started stack
+            raise
+
+    def _start(self) -> None:
+        if self.cfg.get("verbose"):
+            import logging
+
+            logging.basicConfig(level=logging.DEBUG)
+            logging.getLogger().setLevel(logging.DEBUG)
+        if not self.cfg.get("dry_run"):
+            from nemo_gym.runtime.stale_stack import check_stale_stacks
+
+            check_stale_stacks(self.cfg, say=self.say)
+        self.prepare()
+        if self.cfg.get("dry_run"):
+            from nemo_gym.runtime.venvs import prebuild_all
+
+            prebuild_all([*self.servers, *self.ray_replicas], self.cfg, cwd=self.cwd, log=self.say)
+            self.say(f"Dry run: environments for {self.n_servers} server(s) are ready; nothing started.")
+            return
+        self.reserve_head_port()
+        self.start_ray()
+        # Servers first: they need only their config, and their start-up overlaps the head server's.
+        self.start_servers()
+        self.start_head()
+        seconds = self.wait_until_ready(self.ready_timeout_s)
+        self.wait_for_model_endpoints()
+        self.print_ready_table(seconds)
+
+    def poll(self) -> None:
+        """Raise `RuntimeError` (a `ServerCrashed`) when the stack can no longer serve: the head server thread or
+        the supervision thread ended, or a server spent its restart budget (the error names it, with its last
+        output lines). A server that crashes and is restarted is not an error here (NeMo Gym v0.5 raises on any
+        exit; ours restarts first, `restart_policy`)."""
+        if self.head is not None and not self.head.is_alive():
+            raise ServerCrashed("The head server thread stopped unexpectedly.")
+        if self._supervisor is not None and not self._supervisor.is_alive():
+            raise ServerCrashed("The supervision thread stopped unexpectedly.")
+        failed = self.failed_servers()
+        if failed:
+            raise ServerCrashed(
+                "Server(s) failed after spending their restart budget: "
+                + "; ".join(self._failure_report(s) for s in failed)
+            )
+
+    @staticmethod
+    def _failure_report(server: Any) -> str:
+        tail = list(getattr(server, "tail", None) or [])[-10:]
+        lines = "".join(f"\n    {line}" for line in tail)
+        return f"'{server.label}'" + (f", last lines of its output:{lines}" if lines else "")
+
     def supervise(self) -> None:
-        """Block until a stop is requested; servers are restarted meanwhile by the supervision thread."""
+        """Block until a stop is requested; servers are restarted meanwhile by the supervision thread. A server
+        that spends its restart budget does not end the wait (ng_run keeps serving the others and exits 1)."""
         self.start_supervision()
         while not self._stop_requested.wait(SUPERVISE_INTERVAL_S):
             if self.head is not None and not self.head.is_alive():
                 raise ServerCrashed("The head server thread stopped unexpectedly.")
             if self._supervisor is not None and not self._supervisor.is_alive():
                 raise ServerCrashed("The supervision thread stopped unexpectedly.")
+
+    def run_forever(self) -> None:
+        """v0.5's loop after `start()`: serve until Ctrl-C (or `request_stop`), then stop everything."""
+        try:
+            self.supervise()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.shutdown()
 
 
 def _caused_by(exc: BaseException, *type_names: str) -> bool:
@@ -987,33 +1074,12 @@ def run_stack(global_config: DictConfig, *, out=None) -> int:
     """The body of `ng_run`. Returns the process exit code: 0 after a requested stop, 1 when a server had failed
     (restart budget spent). A server that crashes while the stack starts, or whose environment cannot be built,
     raises `NeMoGymStackError` (exit 1) after the full report was printed and the stack stopped."""
-    if global_config.get("verbose"):
-        import logging
-
-        logging.basicConfig(level=logging.DEBUG)
-        logging.getLogger().setLevel(logging.DEBUG)
     helper = RunHelper(global_config, out=out)
     previous = {sig: signal.signal(sig, helper.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        if not global_config.get("dry_run"):
-            from nemo_gym.runtime.stale_stack import check_stale_stacks
-
-            check_stale_stacks(global_config, say=helper.say)
-        helper.prepare()
+        helper.start()
         if global_config.get("dry_run"):
-            from nemo_gym.runtime.venvs import prebuild_all
-
-            prebuild_all([*helper.servers, *helper.ray_replicas], global_config, cwd=helper.cwd, log=helper.say)
-            helper.say(f"Dry run: environments for {helper.n_servers} server(s) are ready; nothing started.")
             return 0
-        helper.reserve_head_port()
-        helper.start_ray()
-        # Servers first: they need only their config, and their start-up overlaps the head server's.
-        helper.start_servers()
-        helper.start_head()
-        seconds = helper.wait_until_ready(helper.ready_timeout_s)
-        helper.wait_for_model_endpoints()
-        helper.print_ready_table(seconds)
         helper.supervise()
         failed = helper.failed_servers()
         if failed:

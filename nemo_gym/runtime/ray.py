@@ -52,6 +52,7 @@ class RayHandle:
 
     address: str
     started: bool
+    joined_here: bool = False  # `connect_driver` connected this process (so only it disconnects it)
 
 
 # ------------------------------------------------------------------------------------------- detection
@@ -249,11 +250,13 @@ def connect_driver(handle: RayHandle) -> None:
     with _lock:
         if _current_address() is None:
             _join(handle.address, log_to_driver=True)
+            handle.joined_here = True
 
 
 def disconnect_driver(handle: Optional[RayHandle]) -> None:
-    """Leave a cluster this process joined (one it started is stopped by `shutdown_ray`)."""
-    if handle is not None and not handle.started and ray_is_initialized():
+    """Leave a cluster `connect_driver` joined (one it started is stopped by `shutdown_ray`). A process that was
+    connected already, e.g. a trainer that initialized Ray and started the stack in-process, stays connected."""
+    if handle is not None and handle.joined_here and not handle.started and ray_is_initialized():
         import ray
 
         ray.shutdown()
