@@ -621,34 +621,90 @@ def list_components(kind: str, search_dirs: Sequence[str] = ()) -> list[dict]:
                     continue
                 configs = sorted(str(p.relative_to(root)) for p in (folder / "configs").glob("*.yaml"))
             found[folder.name] = {"name": folder.name, "path": str(folder), "configs": configs}
+            if kind == "resources-servers":
+                found[folder.name].update(_server_listing(root, configs))
     return list(found.values())
 
 
-def _print_components(kind: str, rows: list[dict], as_json: bool) -> None:
+def _server_listing(root: Path, configs: Sequence[str]) -> dict:
+    """`domain` and `description` of a resources server, from the first of its config files that sets each."""
+    from nemo_gym.rollouts.benchmarks import listing_of_config_file
+
+    listing = {"domain": None, "description": None}
+    for config in configs:
+        for key, value in listing_of_config_file(root / config).items():
+            if key in listing and listing[key] is None:
+                listing[key] = value
+    return listing
+
+
+def _print_components(kind: str, rows: list[dict], as_json: bool, query: Optional[str] = None) -> None:
     if as_json:
         print(json.dumps(rows, indent=2))
         return
     if not rows:
-        print(f"No {kind} found.")
+        print(f"No {kind} match `{query}`." if query else f"No {kind} found.")
         return
     width = max(len(r["name"]) for r in rows) + 2
     for r in rows:
-        about = f"  {r['description']}" if r.get("description") else ""
+        about = "".join(f"  {text}" for text in (r.get("domain") and f"({r['domain']})", r.get("description")) if text)
         print(f"{r['name']:<{width}}{', '.join(r['configs']) or r['path']}{about}")
 
 
-def fuzzy_filter(query: str, names: Sequence[str]) -> list[str]:
-    """Names matching `query` (case-insensitive substring, or its letters in order), substring matches first."""
+SEARCH_FIELDS = ("name", "description", "domain")  # what `gym search` matches, as v0.5: names, descriptions, metadata
+
+
+def _close_to(query: str, text: str) -> bool:
+    """`query` is close to `text` or to one of its words (difflib ratio >= 0.7), so a typo still finds it."""
+    import difflib
+    import re
+
+    words = [w for w in re.split(r"[^0-9a-z]+", text) if w]
+    return bool(difflib.get_close_matches(query, [text, *words], n=1, cutoff=0.7))
+
+
+def _letters_in_order(query: str, name: str) -> bool:
+    it = iter(name)
+    return all(c in it for c in query)
+
+
+def search_rank(query: str, row: dict) -> Optional[int]:
+    """How well `row` matches `query`, 0 best, or None when it does not. As v0.5's `gym search`, a field matches when
+    the query (case-insensitive) is part of it or close to it or to one of its words; a name also matches when it
+    holds the query's letters in order. A name match ranks before a description or domain match."""
+    q = query.strip().lower()
+    if not q:
+        return 0
+    name = str(row.get("name") or "").lower()
+    if q in name:
+        return 0
+    if _close_to(q, name) or _letters_in_order(q, name):
+        return 1
+    for key in SEARCH_FIELDS[1:]:
+        text = str(row.get(key) or "").lower()
+        if text and (q in text or _close_to(q, text)):
+            return 2
+    return None
+
+
+def search_rows(query: str, rows: Sequence[dict]) -> list[dict]:
+    """The rows matching `query` over SEARCH_FIELDS, best first (then the name closest to the query)."""
     import difflib
 
-    q = query.lower()
+    q = query.strip().lower()
+    ranked = [(rank, row) for row in rows if (rank := search_rank(query, row)) is not None]
 
-    def in_order(name: str) -> bool:
-        it = iter(name.lower())
-        return all(c in it for c in q)
+    def order(item: tuple[int, dict]) -> tuple:
+        rank, row = item
+        name = str(row.get("name") or "")
+        return rank, -difflib.SequenceMatcher(None, q, name.lower()).ratio(), name
 
-    hits = [n for n in names if q in n.lower() or in_order(n)]
-    return sorted(hits, key=lambda n: (q not in n.lower(), -difflib.SequenceMatcher(None, q, n.lower()).ratio(), n))
+    return [row for _, row in sorted(ranked, key=order)]
+
+
+def fuzzy_filter(query: str, names: Sequence[str]) -> list[str]:
+    """The names matching `query` (`search_rank` on the name alone), best first."""
+    return [row["name"] for row in search_rows(query, [{"name": n} for n in names])]
 
 
 def _local(t: Translation) -> int:
@@ -687,10 +743,7 @@ def _local(t: Translation) -> int:
         query = " ".join(words)
         if kind == "benchmarks":
             return _run_command("list_benchmarks", [*t.overrides, f"+query={_literal(query)}"], action)
-        rows = list_components(kind, t.search_dirs)
-        order = fuzzy_filter(query, [r["name"] for r in rows])
-        _print_components(kind, sorted((r for r in rows if r["name"] in order), key=lambda r: order.index(r["name"])),
-                          as_json)
+        _print_components(kind, search_rows(query, list_components(kind, t.search_dirs)), as_json, query)
         return 0
     raise AssertionError(action.local)
 

@@ -56,6 +56,7 @@ __all__ = [
     "discover_environments",
     "find_benchmark",
     "find_environment",
+    "listing_of_config_file",
     "BenchmarkToPrepare",
     "benchmark_datasets_in",
     "PrepareBenchmarkConfig",
@@ -141,6 +142,15 @@ def _listing(data: Mapping) -> dict[str, Optional[str]]:
             if found[key] is None and impl_cfg.get(key) is not None:
                 found[key] = str(impl_cfg.get(key))
     return found
+
+
+def listing_of_config_file(path: Path) -> dict[str, Optional[str]]:
+    """The listing fields of one config file (e.g. a resources server's `configs/<name>.yaml`), for `gym list` and
+    `gym search`; a file that does not parse lists none."""
+    try:
+        return _listing(_load_yaml(path))
+    except NeMoGymConfigError:
+        return {key: None for key in LISTING_FIELDS}
 
 
 class _Definition(BaseModel):

@@ -277,6 +277,59 @@ def test_fuzzy_filter_prefers_substrings():
     assert gym.fuzzy_filter("math", ["mathx", "my_awesome_thing_h", "other"]) == ["mathx", "my_awesome_thing_h"]
 
 
+def test_search_rank_matches_names_descriptions_and_domains_as_v05():
+    row = {"name": "word_problems", "description": "Sums checked by math-verify", "domain": "knowledge"}
+    assert gym.search_rank("word", row) == 0  # part of the name
+    assert gym.search_rank("problms", row) == 1  # close to a word of the name
+    assert gym.search_rank("math", row) == 2  # in the description
+    assert gym.search_rank("knowledg", row) == 2  # close to the domain
+    assert gym.search_rank("chemistry", row) is None
+    rows = [{"name": "arithmetic", "domain": "math"}, {"name": "gsm_math"}, {"name": "trivia", "domain": "knowledge"}]
+    assert [r["name"] for r in gym.search_rows("math", rows)] == ["gsm_math", "arithmetic"]
+
+
+def _write_benchmark(root: Path, name: str, domain: str, description: str) -> None:
+    folder = root / "benchmarks" / name
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(
+        f"{name}_rs:\n  resources_servers:\n    mcqa:\n      entrypoint: app.py\n      domain: {domain}\n"
+        f"      description: {description}\n"
+        f"{name}_agent:\n  responses_api_agents:\n    simple_agent:\n      entrypoint: app.py\n"
+        f"      datasets:\n        - {{name: {name}, type: benchmark, jsonl_fpath: benchmarks/{name}/data/x.jsonl, "
+        f"prepare_script: benchmarks.{name}.prepare}}\n"
+    )
+
+
+def test_gym_search_finds_benchmarks_resources_servers_and_environments_by_domain(tmp_path, monkeypatch, capsys):
+    """`gym search math` as v0.5: the query is matched against names, descriptions and domains."""
+    _write_benchmark(tmp_path, "gsm_tiny", "math", "grade-school word problems")
+    _write_benchmark(tmp_path, "trivia_tiny", "knowledge", "general questions")
+    server = tmp_path / "resources_servers" / "adder" / "configs"
+    server.mkdir(parents=True)
+    (server / "adder.yaml").write_text(
+        "adder_rs:\n  resources_servers:\n    adder:\n      entrypoint: app.py\n      domain: math\n"
+        "      description: sums two numbers\n"
+    )
+    env = tmp_path / "environments" / "counting"
+    env.mkdir(parents=True)
+    (env / "config.yaml").write_text(
+        "counting_rs:\n  resources_servers:\n    adder:\n      entrypoint: app.py\n      domain: math\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NEMO_GYM_EXTRA_ROOTS", raising=False)
+
+    assert gym.main(["search", "math", "--json"]) == 0  # benchmarks by default
+    found = [b["name"] for b in json.loads(capsys.readouterr().out)]
+    assert "gsm_tiny" in found and "trivia_tiny" not in found
+    assert gym.main(["search", "resources-servers", "math", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["adder"]["domain"] == "math" and rows["adder"]["description"] == "sums two numbers"
+    assert gym.main(["search", "environments", "math", "--json"]) == 0
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["counting"]
+    assert gym.main(["search", "environments", "zzzq"]) == 0
+    assert "No environments match `zzzq`" in capsys.readouterr().out
+
+
 def test_list_environments_reads_environment_folders(tmp_path, monkeypatch, capsys):
     env = tmp_path / "environments" / "my_env"
     env.mkdir(parents=True)

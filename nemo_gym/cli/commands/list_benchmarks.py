@@ -19,7 +19,8 @@ class ListBenchmarksConfig(BaseNeMoGymCLIConfig):
 
     name: Optional[str] = Field(default=None, description="Show this benchmark in detail instead of the list.")
     query: Optional[str] = Field(
-        default=None, description="List only the benchmarks whose name matches (fuzzy: `gym search QUERY`)."
+        default=None,
+        description="List only the benchmarks whose name, description or domain matches (fuzzy: `gym search QUERY`).",
     )
     json_format: bool = Field(default=False, alias="json", description="Print JSON instead of text.")
 
@@ -70,9 +71,10 @@ def run_benchmarks(config: ListBenchmarksConfig) -> int:
         return 0
     found = discover_benchmarks()
     if config.query:
-        from nemo_gym.cli.gym import fuzzy_filter
+        from nemo_gym.cli.gym import search_rows
 
-        found = {name: found[name] for name in fuzzy_filter(config.query, list(found))}
+        matching = search_rows(config.query, [b.to_json() for b in found.values()])
+        found = {row["name"]: found[row["name"]] for row in matching}
     if config.json_format:
         print(json.dumps([_benchmark_document(b) for b in found.values()], indent=2))
         return 0
