@@ -145,15 +145,8 @@ class SimpleAgent(SimpleResponsesAPIAgent):
     async def run_episode(self, params: dict, cookies: dict[str, str]) -> dict:
         """Run the loop for these Responses create params (a plain dict). `cookies` is updated in place with
         every inner server's session cookie. Returns the final Responses object as a dict."""
-        client = self.server_client
-        model = self.config.model_server.name
         max_steps = self.config.max_steps
-
-        original = params.get("input")
-        if isinstance(original, str):
-            original = [{"role": "user", "content": original}]
-        elif not isinstance(original, list):
-            original = list(original or ())
+        original = input_items(params)
         new_outputs: list = []
         usage: Optional[dict] = None
         step = 0
@@ -161,15 +154,8 @@ class SimpleAgent(SimpleResponsesAPIAgent):
 
         while True:
             step += 1
-            sent = await client.post(model, "/v1/responses", json={**params, "input": original + new_outputs}, cookies=cookies)
-            raise_for_inner_status(sent, f"model server `{model}`", "/v1/responses")
-            update_cookies(cookies, sent)
-            last = parse_inner_json(sent, f"model server `{model}`", "/v1/responses")
-            output = last.get("output") if isinstance(last, dict) else None
-            if not isinstance(output, list):
-                raise RuntimeError(
-                    f"model server `{model}` answered /v1/responses without an `output` list: {inner_text(sent)[:1000]}"
-                )
+            last = await self.call_model({**params, "input": original + new_outputs}, cookies)
+            output = last["output"]
             new_outputs.extend(output)
             usage = add_usage(usage, last.get("usage"))
 
@@ -198,6 +184,20 @@ class SimpleAgent(SimpleResponsesAPIAgent):
         result["output"] = new_outputs
         result["usage"] = usage
         return result
+
+    async def call_model(self, params: dict, cookies: dict[str, str]) -> dict:
+        """One model call: POST `params` to the model server's `/v1/responses` with the rollout's cookies (updated
+        in place); returns the Responses object as a dict, checked to hold an `output` list."""
+        model = self.config.model_server.name
+        sent = await self.server_client.post(model, "/v1/responses", json=params, cookies=cookies)
+        raise_for_inner_status(sent, f"model server `{model}`", "/v1/responses")
+        update_cookies(cookies, sent)
+        answer = parse_inner_json(sent, f"model server `{model}`", "/v1/responses")
+        if not isinstance(answer, dict) or not isinstance(answer.get("output"), list):
+            raise RuntimeError(
+                f"model server `{model}` answered /v1/responses without an `output` list: {inner_text(sent)[:1000]}"
+            )
+        return answer
 
     async def call_tool(self, call: dict, cookies: dict[str, str]) -> dict:
         """Run one function call against the resources server; always returns a `function_call_output`."""
@@ -256,6 +256,16 @@ class SimpleAgent(SimpleResponsesAPIAgent):
 
 # --------------------------------------------------------------------------------------------------------
 # Helpers
+
+
+def input_items(params: dict) -> list:
+    """The request's `input` as a list of items (a string is one user message)."""
+    original = params.get("input")
+    if isinstance(original, str):
+        return [{"role": "user", "content": original}]
+    if not isinstance(original, list):
+        return list(original or ())
+    return original
 
 
 def _json_response(data: Any) -> Response:

@@ -419,3 +419,31 @@ def test_the_twin_route_is_captured_and_the_plain_route_is_not(tmp_path):
     assert line["rollout_id"] == "7-1" and line["model_ref"] == MODEL
     assert "twin call from a test" in json.dumps(line["request"]["input"])
     assert "plain call" not in json.dumps(line)
+
+
+def test_non_executing_simple_agent_has_v05s_names_and_config_shape():
+    """v0.5's own test builds the agent this way (names imported from its app module, a mocked client); its
+    behaviour over real servers is tested in responses_api_agents/non_executing_simple_agent/tests."""
+    from unittest.mock import MagicMock
+
+    from nemo_gym.server_utils import ServerClient
+    from responses_api_agents.non_executing_simple_agent.app import (
+        ModelServerRef,
+        NonExecutingSimpleAgent,
+        NonExecutingSimpleAgentConfig,
+        NonExecutingSimpleAgentRunRequest,
+        NonExecutingSimpleAgentVerifyRequest,
+        NonExecutingSimpleAgentVerifyResponse,
+        ResourcesServerRef,
+    )
+
+    config = NonExecutingSimpleAgentConfig(
+        host="0.0.0.0", port=8080, entrypoint="", name="non_executing_agent",
+        resources_server=ResourcesServerRef(type="resources_servers", name="resource"),
+        model_server=ModelServerRef(type="responses_api_models", name="model"),
+    )
+    agent = NonExecutingSimpleAgent(config=config, server_client=MagicMock(spec=ServerClient))
+    assert {route.path for route in agent.build_app().routes} >= {"/v1/responses", "/run", "/aggregate_metrics"}
+    row = NonExecutingSimpleAgentRunRequest(responses_create_params={"input": "hello"}, task_id="t1")
+    assert row.model_extra == {"task_id": "t1"}
+    assert "response" in NonExecutingSimpleAgentVerifyRequest.model_fields
