@@ -173,3 +173,114 @@ def test_an_unsupported_reverify_mode_is_refused_unless_forced(collected, tmp_pa
     forced = ChildProcess([*NG, *common, "-o", str(tmp_path / "forced.jsonl"), "--force"], cwd=FIXTURE_STACK)
     assert forced.wait(timeout=300) == 0, forced.output
     assert len(read_jsonl(tmp_path / "forced.jsonl")) == 6
+
+
+# ------------------------------------------------------------------------------------------------------------
+# v0.5's other `nemo_gym.rollout_collection` names, as its drivers, remote agents and scripts use them
+
+
+def test_v05_rollout_collection_names_import():
+    from nemo_gym.rollout_collection import (  # noqa: F401  (v0.5 remote agents and the gdpval driver)
+        _DEFAULT_MAX_ROLLOUT_ATTEMPTS,
+        AGENT_REF_KEY_NAME,
+        NG_FAILURE_CLASS_KEY,
+        NG_NO_PERSIST_KEY,
+        NG_TERMINAL_KEY,
+        RESPONSES_CREATE_PARAMS_KEY_NAME,
+        ROLLOUT_INDEX_KEY_NAME,
+        SKILLS_REF_KEY_NAME,
+        TASK_INDEX_KEY_NAME,
+        E2ERolloutCollectionConfig,
+        RolloutAggregationConfig,
+        RolloutAggregationHelper,
+        RolloutCollectionConfig,
+        RolloutCollectionHelper,
+        SharedRolloutCollectionConfig,
+        _failures_path_for,
+        _get_max_rollout_attempts,
+        loads_jsonl_line,
+    )
+
+    assert (NG_FAILURE_CLASS_KEY, NG_NO_PERSIST_KEY, NG_TERMINAL_KEY) == (
+        "_ng_failure_class", "_ng_no_persist", "_ng_failure_terminal")
+    assert (AGENT_REF_KEY_NAME, RESPONSES_CREATE_PARAMS_KEY_NAME, SKILLS_REF_KEY_NAME) == (
+        "agent_ref", "responses_create_params", "skills_ref")
+    assert _DEFAULT_MAX_ROLLOUT_ATTEMPTS == 3
+    assert _failures_path_for(Path("out/rollouts.jsonl")) == Path("out/rollouts_failures.jsonl")
+
+
+def test_max_rollout_attempts_reads_the_environment(monkeypatch):
+    from nemo_gym.rollout_collection import _get_max_rollout_attempts
+
+    monkeypatch.setenv("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS", "5")
+    assert _get_max_rollout_attempts() == 5
+    monkeypatch.setenv("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS", "zero")
+    assert _get_max_rollout_attempts() == 3
+
+
+def test_a_driver_config_subclasses_the_shared_collection_config():
+    """v0.5's gdpval driver subclasses SharedRolloutCollectionConfig for its own run config."""
+    from pydantic import ValidationError
+
+    from nemo_gym.rollout_collection import RolloutCollectionConfig, SharedRolloutCollectionConfig
+
+    class MultiStageRunConfig(SharedRolloutCollectionConfig):
+        stages: int = 1
+
+    config = MultiStageRunConfig(output_jsonl_fpath="out.jsonl", num_samples_in_parallel=4, stages=2)
+    assert (config.output_jsonl_fpath, config.num_samples_in_parallel, config.stages) == ("out.jsonl", 4, 2)
+    assert config.responses_create_params == {} and config.disable_aggregation is False
+    assert config.upload_rollouts_to_wandb is True
+    ours = RolloutCollectionConfig.model_fields
+    for name in ("num_samples_in_parallel", "responses_create_params", "disable_aggregation"):
+        assert MultiStageRunConfig.model_fields[name].description == ours[name].description
+    with pytest.raises(ValidationError, match="output_jsonl_fpath"):
+        MultiStageRunConfig()
+
+
+def test_loads_jsonl_line_names_the_file_and_line(tmp_path):
+    from nemo_gym.config_types import ConfigError
+    from nemo_gym.rollout_collection import loads_jsonl_line
+
+    assert loads_jsonl_line('{"a": 1}', tmp_path / "in.jsonl", 1) == {"a": 1}
+    assert loads_jsonl_line(b"[1, 2]", "in.jsonl", 2) == [1, 2]
+    with pytest.raises(ConfigError, match=r"Malformed JSON in '.*in\.jsonl' at line 7"):
+        loads_jsonl_line('{"a": ', tmp_path / "in.jsonl", 7)
+
+
+def test_the_cli_entry_points_are_still_reachable_with_a_deprecation_warning():
+    import nemo_gym.cli
+    import nemo_gym.rollout_collection as rollout_collection
+
+    with pytest.warns(DeprecationWarning, match="ng_collect_rollouts"):
+        assert rollout_collection.collect_rollouts is nemo_gym.cli.collect_rollouts
+    with pytest.warns(DeprecationWarning, match="ng_aggregate_rollouts"):
+        assert rollout_collection.aggregate_rollouts is nemo_gym.cli.aggregate_rollouts
+    with pytest.raises(AttributeError):
+        rollout_collection.no_such_name  # noqa: B018
+
+
+def test_the_aggregation_helper_aggregates_shards_from_python(collected, tmp_path):
+    """`await RolloutAggregationHelper().run_from_config(config)` over the collection's rollouts file, split in two
+    shards, against the running stack: the same metrics as the collector wrote, and the merged file."""
+    import asyncio
+
+    from nemo_gym.http.client import ServerClient
+    from nemo_gym.rollout_collection import RolloutAggregationConfig, RolloutAggregationHelper
+
+    tmp, _, _, head_port, _ = collected
+    rollouts = read_jsonl(tmp / "rollouts.jsonl")
+    write_jsonl(tmp_path / "shard-a.jsonl", rollouts[:3])
+    write_jsonl(tmp_path / "shard-b.jsonl", rollouts[3:])
+    config = RolloutAggregationConfig(input_glob=str(tmp_path / "shard-*.jsonl"),
+                                      output_jsonl_fpath=str(tmp_path / "all.jsonl"))
+    client = ServerClient.load_from_global_config({"host": "127.0.0.1", "port": head_port})
+
+    metrics_path = asyncio.run(RolloutAggregationHelper(server_client=client).run_from_config(config))
+
+    assert metrics_path == tmp_path / "all_aggregate_metrics.json"
+    ours = json.loads(metrics_path.read_text())
+    collectors = json.loads((tmp / "rollouts_aggregate_metrics.json").read_text())
+    assert [e["agent_ref"] for e in ours] == [{"name": "judged_agent"}]
+    assert ours[0]["key_metrics"] == collectors[0]["key_metrics"]
+    assert len(read_jsonl(tmp_path / "all.jsonl")) == len(rollouts) == 6
