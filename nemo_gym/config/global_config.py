@@ -20,7 +20,7 @@ import re
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, ClassVar, Iterable, Mapping, Optional
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -46,7 +46,7 @@ from nemo_gym.config.directives import (
 )
 from nemo_gym.config.legacy_ids import fold_alias_fragments, resources_server_alias
 from nemo_gym.errors import NeMoGymConfigError, closest_match, did_you_mean
-from nemo_gym.config.overrides import Override, apply_overrides, parse_overrides
+from nemo_gym.config.overrides import Override, apply_overrides, overrides_to_dict, parse_overrides
 from nemo_gym.config import ports as _ports
 from nemo_gym.config.values import truthy
 
@@ -96,6 +96,7 @@ __all__ = [
     "running_python_version",
     "parse_global_config",
     "GlobalConfigDictParserConfig",
+    "GlobalConfigDictParser",
     "reset_global_config_dict_cache",
     "set_global_config_dict",
     "load_config_from_env_yaml_text",
@@ -1004,7 +1005,12 @@ _GLOBAL_CONFIG_DICT: Optional[DictConfig] = None
 
 
 class GlobalConfigDictParserConfig(BaseModel):
-    """Options of `get_global_config_dict`, kept for code written against the reference."""
+    """Options of `get_global_config_dict` and `GlobalConfigDictParser.parse` (NeMo Gym v0.2/v0.5's names, which
+    trainers build to start a stack in their own process).
+
+    `NO_MODEL_GLOBAL_CONFIG_DICT` is for configs read without a model (data preparation, benchmark discovery):
+    merged under one, it fills the policy keys with empty strings and adds a `policy_model` block, so
+    `${policy_base_url}` references resolve and agents' `model_server: policy_model` references validate."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -1013,6 +1019,46 @@ class GlobalConfigDictParserConfig(BaseModel):
     skip_load_from_cli: bool = False
     skip_load_from_dotenv: bool = False
     hide_secrets: bool = False
+
+    NO_MODEL_GLOBAL_CONFIG_DICT: ClassVar[DictConfig] = OmegaConf.create(
+        {
+            POLICY_BASE_URL_KEY_NAME: "",
+            POLICY_API_KEY_KEY_NAME: "",
+            POLICY_MODEL_NAME_KEY_NAME: "",
+            POLICY_MODEL_KEY_NAME: {"responses_api_models": {"dummy_model": {ENTRYPOINT_KEY_NAME: "app.py"}}},
+        }
+    )
+
+
+class GlobalConfigDictParser(BaseModel):
+    """NeMo Gym v0.5's parser object, as callers use it: `parse(GlobalConfigDictParserConfig(...))` builds a config
+    (CLI overrides unless `skip_load_from_cli`, env.yaml unless `skip_load_from_dotenv`, then the initial dict and
+    the files it names), `parse_no_environment(initial)` builds one from the dict alone. A thin layer over
+    `parse_global_config`: the result is neither cached nor installed as this process's config (that is
+    `get_global_config_dict`), and the ports it gives servers are free ports, not held for a launcher."""
+
+    def parse(self, parse_config: Optional[GlobalConfigDictParserConfig] = None) -> DictConfig:
+        options = parse_config or GlobalConfigDictParserConfig()
+        held_before = set(_ports.reserved_ports())
+        try:
+            cfg = _parse_with(options, None, None, allocate_ports=True)
+        finally:
+            for host, port in set(_ports.reserved_ports()) - held_before:
+                _ports.release_port(host, port)
+        return mask_secrets(cfg) if options.hide_secrets else cfg
+
+    def parse_no_environment(self, initial_global_config_dict: Optional[Mapping | DictConfig] = None) -> DictConfig:
+        return self.parse(
+            GlobalConfigDictParserConfig(
+                initial_global_config_dict=initial_global_config_dict,
+                skip_load_from_cli=True,
+                skip_load_from_dotenv=True,
+            )
+        )
+
+    def parse_global_config_dict_from_cli(self) -> DictConfig:
+        """This command line's `+key=value` overrides alone, as a config (no files read, nothing validated)."""
+        return OmegaConf.create(overrides_to_dict(parse_overrides(_default_cli_overrides())))
 
 
 def reset_global_config_dict_cache() -> None:
