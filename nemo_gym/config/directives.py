@@ -4,6 +4,8 @@
 - `key: ${copy:a.b}` takes a copy of the value at `a.b` and keeps `a.b`.
 - A mapping with `_inherit_from: a.b` (or `_copy: a.b`) is the mapping at `a.b` with the block's own keys merged
   over it (recursively); `_inherit_from` deletes `a.b`, `_copy` keeps it.
+- `_swap_key: a.b` in a mapping is `_inherit_from: a.b` under the name NeMo Gym's later benchmark configs use
+  (`aime24_math_with_judge_resources_server: {_swap_key: math_with_judge, ...}`).
 - `_delete_key: "k1, k2"` in a mapping removes those keys after the merge (each must exist).
 
 A benchmark config, for instance, reuses a generic resources server block and repoints one field:
@@ -32,7 +34,9 @@ __all__ = [
 
 INHERIT_FROM_RESOLVER_NAME = "inherit_from"
 COPY_RESOLVER_NAME = "copy"
-_INHERIT_KEY, _COPY_KEY, _DELETE_KEY = "_inherit_from", "_copy", "_delete_key"
+_INHERIT_KEY, _SWAP_KEY, _COPY_KEY, _DELETE_KEY = "_inherit_from", "_swap_key", "_copy", "_delete_key"
+_MOVES = ((_INHERIT_KEY, True), (_SWAP_KEY, True), (_COPY_KEY, False))  # key -> whether the source is deleted
+_DIRECTIVE_KEYS = (*(key for key, _ in _MOVES), _DELETE_KEY)
 _PREFIXES = {"${" + INHERIT_FROM_RESOLVER_NAME + ":": True, "${" + COPY_RESOLVER_NAME + ":": False}
 
 
@@ -55,7 +59,7 @@ def _has_directive(node: Any) -> bool:
     if _string_directive(node) is not None:
         return True
     if isinstance(node, dict):
-        return any(k in node for k in (_INHERIT_KEY, _COPY_KEY, _DELETE_KEY)) or any(map(_has_directive, node.values()))
+        return any(k in node for k in _DIRECTIVE_KEYS) or any(map(_has_directive, node.values()))
     if isinstance(node, list):
         return any(map(_has_directive, node))
     return False
@@ -136,9 +140,9 @@ class _Resolver:
             return [self.resolve(item, f"{where}[{i}]") for i, item in enumerate(node)]
         if not isinstance(node, dict):
             return node
-        own = {k: v for k, v in node.items() if k not in (_INHERIT_KEY, _COPY_KEY, _DELETE_KEY)}
+        own = {k: v for k, v in node.items() if k not in _DIRECTIVE_KEYS}
         result: Any = {k: self.resolve(v, f"{where}.{k}" if where else str(k)) for k, v in own.items()}
-        for key, move in ((_INHERIT_KEY, True), (_COPY_KEY, False)):
+        for key, move in _MOVES:
             if key in node:
                 path = self.spelled(str(node[key]).strip())
                 base = self.source(path, f"{where}.{key}" if where else key)

@@ -47,6 +47,20 @@ bench_resources_server:
     assert impl["judge_responses_create_params"] == {"input": [], "temperature": 0.5}
 
 
+def test_swap_key_is_inherit_from_as_later_nemo_gym_benchmark_configs_write_it(tmp_path):
+    data = parse(tmp_path, """
+aime_math_resources_server:
+  _swap_key: math_resources_server
+  resources_servers:
+    math_with_judge:
+      datasets:
+      - {name: validation, type: validation, jsonl_fpath: data/aime.jsonl, num_repeats: 32, license: TBD}
+""")
+    assert "math_resources_server" not in data  # moved, as `_inherit_from` does
+    impl = data["aime_math_resources_server"]["resources_servers"]["math_with_judge"]
+    assert impl["domain"] == "math" and impl["datasets"][0]["num_repeats"] == 32
+
+
 def test_copy_keeps_the_source_and_delete_key_removes_keys_after_the_merge(tmp_path):
     data = parse(tmp_path, """
 copied:
