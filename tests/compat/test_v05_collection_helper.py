@@ -184,7 +184,8 @@ def test_run_examples_outside_an_event_loop_says_so(stack):
 def test_iter_results_keeps_the_collectors_retries_and_failures_as_results(client):
     async def go() -> list:
         helper = RolloutCollectionHelper(server_client=client)
-        return [(r.row["score"], r.ok, r.status_code) async for r in helper.iter_results([row(1), row(-1)], max_attempts=1)]
+        results = helper.iter_results([row(1), row(-1)], max_attempts=1)
+        return [(r.row["score"], r.ok, r.status_code) async for r in results]
 
     assert sorted(asyncio.run(go())) == [(-1, False, 400), (1, True, None)]
 
