@@ -19,6 +19,10 @@ Decisions:
   created, so the tests' `resources_servers.<name>` import resolves to this folder.
 - `data/example_metrics.json` is written too, with the same content `ng_prepare_data +mode=example_validation`
   gives, so the new server passes `ng_test +should_validate_data=true` (and `ng_test_all`) from the start.
+- `tests/test_e2e.py` knows nothing of the placeholder task: its fake model calls each example row's first tool with
+  arguments made from the tool's JSON schema and answers with the tool's output, and it checks the wiring (every
+  row gets a scored rollout, no tool call fails), not the reward. So it keeps passing when the author replaces the
+  task, the data and verify (as v0.5's tutorials have them do), and it runs wherever the project folder is.
 - Files are written into a temporary sibling folder that is renamed into place at the end: an error half way
   leaves nothing behind.
 """
