@@ -12,6 +12,11 @@ per row (or for all rows by the server's `grading_mode`, when set):
   - `lenient_boxed`: strict first; otherwise the first `\\boxed{...}` may contain the option's *text*
     (`\\boxed{\\text{Paris}}`), as long as exactly one option's text appears in it.
   - `lenient_answer_colon`: the first `Answer: ...` line holds an option letter or exactly an option's text.
+  - `lenient_answer_colon_md` (NeMo Gym v0.5; its mmlu, mmlu_pro and gpqa benchmarks set it server-wide): the
+    `Answer:` lines may carry markdown emphasis (`**Answer:** C`, `__Answer__: A`, `**Answer: C**`); the **last**
+    such line that names one option letter wins (`B because ...` -> B; a list such as `A or B` names none). A row's
+    `template_metadata.answer_prefix` (e.g. a translated `Answer:`) is read as one more such marker, and with a
+    prefix set a boxed letter is the last resort.
 
 reward = 1.0 iff the extracted letter equals `expected_answer` (case-insensitive), else 0.0.
 
@@ -21,6 +26,7 @@ bad score can be told apart from a bad parse.
 """
 
 import re
+import unicodedata
 from typing import Any, Iterator, Literal, Optional, Union
 
 from fastapi import FastAPI
@@ -35,7 +41,7 @@ from nemo_gym.base_resources_server import (
 from nemo_gym.verifiers import latex_answers
 
 
-GradingMode = Literal["strict_single_letter_boxed", "lenient_boxed", "lenient_answer_colon"]
+GradingMode = Literal["strict_single_letter_boxed", "lenient_boxed", "lenient_answer_colon", "lenient_answer_colon_md"]
 
 
 class MCQAResourcesServerConfig(BaseResourcesServerConfig):
@@ -178,6 +184,88 @@ def extract_answer_colon(text: str, options: list[tuple[str, str]], allowed: set
     return next((letter for letter, option_text in options if normalize(option_text) == wanted), None)
 
 
+# ------------------------------------------------------------------------------ lenient_answer_colon_md
+
+# An `Answer:` marker with optional markdown emphasis around the word and after the colon (at most two `*`/`_` on
+# each side of the word; after the colon at most two of `*`, `_` or whitespace); the rest of that line follows.
+_MD_ANSWER_LINE = re.compile(r"[*_]{0,2}answer[*_]{0,2}\s*:[*_\s]{0,2}(.+)", re.IGNORECASE)
+# Characters trimmed from both ends of an answer payload before a letter is read from it.
+_PAYLOAD_TRIM = "*_` \t\n\r.,;:"
+# Option letters of other scripts and full-width forms that models write for A-D (read as the Latin letter).
+_LETTER_LOOKALIKES = str.maketrans(
+    {
+        "\u0623": " A", "\u0628": " B", "\u062c": " C", "\u062f": " D",  # Arabic alif-hamza, ba, jim, dal
+        "\u0985": " A", "\u09ac": " B", "\u09a1": " C", "\u09a2": " D",  # Bengali
+        "\uff21": " A", "\uff22": " B", "\uff23": " C", "\uff24": " D",  # full-width A-D
+    }
+)
+# A letter standing alone (no letter right before or after it; digits may touch it).
+_LONE_LETTER = re.compile(r"(?<![A-Za-z])([A-Za-z])(?![A-Za-z])")
+# What may stand between two letters for them to read as a list of choices: `A/B`, `A, B`, `A or B`, `A B`.
+_CHOICE_SEPARATOR = re.compile(r"\s*[/|&,;]\s*|\s+(?:or|and)\s+|\s+", re.IGNORECASE)
+_LEADING_LETTER = re.compile(r"([A-Za-z])(?![A-Za-z0-9])")
+_WORD_UPPERCASE_LETTER = re.compile(r"\b[A-Z]\b")
+
+
+def _lookalikes_as_latin(text: str) -> str:
+    return unicodedata.normalize("NFKC", text).translate(_LETTER_LOOKALIKES).strip()
+
+
+def _names_several_choices(text: str, allowed: set[str]) -> bool:
+    """True when two different allowed letters stand next to each other separated only by a list separator."""
+    found = [(m.group(1).upper(), m.span(1)) for m in _LONE_LETTER.finditer(text) if m.group(1).upper() in allowed]
+    return any(
+        left != right and _CHOICE_SEPARATOR.fullmatch(text[left_end:right_start]) is not None
+        for (left, (_, left_end)), (right, (right_start, _)) in zip(found, found[1:])
+    )
+
+
+def letter_of_payload(payload: str, allowed: set[str]) -> Optional[str]:
+    """The option letter an answer payload names: the whole payload when it is one letter, else a letter at its
+    start (`B because ...`, `C) Mars`), else the last capital letter standing as a word; None for a list of
+    choices or a letter that is not an option."""
+    candidate = _lookalikes_as_latin(payload).strip(_PAYLOAD_TRIM)
+    if _names_several_choices(candidate, allowed):
+        return None
+    if len(candidate) == 1:
+        letter = candidate
+    else:
+        leading = _LEADING_LETTER.match(candidate)
+        if leading:
+            letter = leading.group(1)
+        else:
+            words = _WORD_UPPERCASE_LETTER.findall(candidate)
+            letter = words[-1] if words else None
+    if letter and letter.upper() in allowed:
+        return letter.upper()
+    return None
+
+
+def answer_payloads(text: str, answer_prefix: Optional[str]) -> list[str]:
+    """The rest of the line after each `Answer:` marker (and after each occurrence of `answer_prefix`), in the order
+    they appear in the text (NFKC-normalized first)."""
+    text = unicodedata.normalize("NFKC", text)
+    found = [(m.start(), m.group(1)) for m in _MD_ANSWER_LINE.finditer(text)]
+    if answer_prefix:
+        prefix = re.compile(re.escape(unicodedata.normalize("NFKC", answer_prefix)) + r"\s*", re.IGNORECASE)
+        for m in prefix.finditer(text):
+            line_end = text.find("\n", m.end())
+            found.append((m.start(), text[m.end() : line_end if line_end >= 0 else len(text)]))
+    found.sort(key=lambda item: item[0])
+    return [payload for _, payload in found]
+
+
+def extract_answer_colon_md(text: str, allowed: set[str], answer_prefix: Optional[str]) -> Optional[str]:
+    """The last answer payload that names an option letter; with a row prefix set, a boxed letter as a last resort."""
+    for payload in reversed(answer_payloads(text, answer_prefix)):
+        letter = letter_of_payload(payload, allowed)
+        if letter is not None:
+            return letter
+    if answer_prefix:
+        return extract_strict_boxed(text, allowed)
+    return None
+
+
 def extract_letter(text: str, body: MCQARunRequest) -> Optional[str]:
     options = option_items(body.options)
     allowed = {letter for letter, _ in options}
@@ -190,6 +278,9 @@ def extract_letter(text: str, body: MCQARunRequest) -> Optional[str]:
 
     if body.grading_mode == "lenient_answer_colon":
         return extract_answer_colon(text, options, allowed)
+    if body.grading_mode == "lenient_answer_colon_md":
+        answer_prefix = (body.template_metadata or {}).get("answer_prefix")
+        return extract_answer_colon_md(text, allowed, answer_prefix if isinstance(answer_prefix, str) else None)
     letter = extract_strict_boxed(text, allowed)
     if letter is None and body.grading_mode == "lenient_boxed":
         letter = extract_boxed_option_text(text, options)

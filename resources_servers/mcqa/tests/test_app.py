@@ -135,6 +135,58 @@ def test_lenient_answer_colon(text, letter):
     assert extracted(text, grading_mode="lenient_answer_colon") == letter
 
 
+# ----------------------------------------------------------------------------------------------- lenient_answer_colon_md
+# NeMo Gym v0.5's markdown-aware `Answer:` mode (its mmlu, mmlu_pro and gpqa benchmark configs set it server-wide).
+
+
+@pytest.mark.parametrize(
+    "text, letter",
+    [
+        ("The answer is B.\n\nAnswer: B", "B"),
+        ("Reasoning here.\n\n**Answer: B**", "B"),  # bold around the whole line
+        ("**Answer:** B", "B"),  # bold around the marker only
+        ("__Answer__: B", "B"),
+        ("*Answer*: b", "B"),  # lowercase letter alone
+        ("Answer: B because Mercury is closest", "B"),  # a letter leading the payload
+        ("Answer: C) Mars\nAnswer: B) Mercury", "B"),  # the LAST answer line wins
+        ("Answer: B\nAnswer: I am not sure", "B"),  # ... that names a letter
+        ("Answer: the right option is B.", "B"),  # the last capital letter standing as a word
+        ("Answer: A or B", None),  # a list of choices names none
+        ("Answer: A/B", None),
+        ("Answer: E", None),  # not an option
+        ("Answer: mercury", None),  # option text is not read in this mode
+        ("I think it might be B but I'm not sure", None),  # no marker
+        (r"\boxed{B}", None),  # no marker, no answer_prefix: boxes are not read
+        ("Answer: \uff22", "B"),  # full-width letter
+        ("Answer: \u0628", "B"),  # the Arabic letter written for B
+    ],
+)
+def test_lenient_answer_colon_md(text, letter):
+    assert extracted(text, grading_mode="lenient_answer_colon_md") == letter
+
+
+def test_lenient_answer_colon_md_reads_the_rows_answer_prefix_then_a_box():
+    prefix = {"answer_prefix": "R\u00e9ponse :"}
+    assert extracted("R\u00e9ponse : B", grading_mode="lenient_answer_colon_md", template_metadata=prefix) == "B"
+    assert extracted("r\u00e9ponse : b", grading_mode="lenient_answer_colon_md", template_metadata=prefix) == "B"
+    # with a prefix set, a boxed letter is the last resort
+    assert extracted(r"\boxed{B}", grading_mode="lenient_answer_colon_md", template_metadata=prefix) == "B"
+    assert extracted(r"\boxed{B}", grading_mode="lenient_answer_colon_md") is None
+
+
+def test_plain_lenient_answer_colon_does_not_read_markdown():
+    assert extracted("**Answer: B**", grading_mode="lenient_answer_colon") is None
+    assert extracted("**Answer: B**", grading_mode="lenient_answer_colon_md") == "B"
+
+
+def test_server_wide_lenient_answer_colon_md_replaces_the_rows_mode():
+    server = make_server(MCQAResourcesServer, name="mcqa", domain="knowledge", grading_mode="lenient_answer_colon_md")
+    result = verify("Some thinking.\n**Answer:** B", server=server, grading_mode="strict_single_letter_boxed")
+    assert (result.grading_mode, result.extracted_answer, result.reward) == ("lenient_answer_colon_md", "B", 1.0)
+    wrong = verify("**Answer:** C", server=server)
+    assert (wrong.extracted_answer, wrong.reward) == ("C", 0.0)
+
+
 # ----------------------------------------------------------------------------------------------- output_regex
 
 
