@@ -63,6 +63,10 @@ def test_a_trainer_starts_the_stack_in_its_own_process_and_reads_what_trainers_r
             "failing_rows": [weather_row("BOOM", expected_city="Lisbon")],
             "bad_rows": [{"agent_ref": {"type": "responses_api_agents", "name": AGENT},
                           "responses_create_params": {"input": 42}}],
+            # The resources server runs as a Ray actor on the trainer's own cluster.
+            "server_overrides": {
+                "weather_tool_use": {"resources_servers": {"weather_tool_use": {"ray_actor_options": {"num_cpus": 0}}}}
+            },
         }
         # The trainer's own argv follows: it must not be read as config overrides.
         done = subprocess.run(
@@ -98,7 +102,9 @@ def test_a_trainer_starts_the_stack_in_its_own_process_and_reads_what_trainers_r
     assert 400 <= report["bad_row"]["status"] < 500, report["bad_row"]
 
     assert report["ray_still_initialized_before_shutdown"] and report["trainer_ray_connected_after_shutdown"]
-    assert len(report["server_pids"]) == 3 and report["server_groups_alive_after_shutdown"] == []
+    assert len(report["server_pids"]) == 2 and report["server_groups_alive_after_shutdown"] == []
+    assert report["ray_actor_servers"] == ["weather_tool_use"]
+    assert report["actors_left_on_the_trainers_cluster"] == []
     assert "not_a_gym_key" not in output
 
 
