@@ -37,6 +37,7 @@ Response direction, :func:`chat_completion_to_response_output` and :func:`build_
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import re
 import time
@@ -59,6 +60,9 @@ __all__ = [
     "fold_reasoning_into_content",
     "wants_output_logprobs",
     "generation_tokens_from_logprobs",
+    "token_ids_of_logprobs",
+    "log_probs_of_logprobs",
+    "logprob_tokens_match",
     "chat_completion_to_response_output",
     "usage_to_responses",
     "incomplete_details_for",
@@ -579,22 +583,78 @@ def generation_tokens_from_logprobs(logprobs: Any) -> tuple[list[int], list[floa
             "The upstream returned no per-token logprobs (choice.logprobs.content); training mode needs a backend "
             "that honours `logprobs: true` and `return_tokens_as_token_ids: true` (vLLM)."
         )
+    return token_ids_of_logprobs(content), log_probs_of_logprobs(content)
+
+
+_LOGPROB = operator.itemgetter("logprob")
+_TOKEN = operator.itemgetter("token")
+
+
+def log_probs_of_logprobs(content: list) -> list[float]:
+    """The ``logprob`` of every entry of a choice's ``logprobs.content``, in one C-level pass (no Python loop per
+    token: at 64k tokens this is the hot path of a training call)."""
+    try:
+        return list(map(_LOGPROB, content))
+    except (KeyError, TypeError):
+        for index, entry in enumerate(content):
+            if not isinstance(entry, dict) or "logprob" not in entry:
+                raise ValueError(
+                    f"choice.logprobs.content[{index}] has no `logprob` (got {entry!r:.200}): the upstream's per-token "
+                    f"logprobs are malformed."
+                ) from None
+        raise
+
+
+def token_ids_of_logprobs(content: list) -> list[int]:
+    """The ids of a choice's ``logprobs.content`` tokens (``token_id:N``, vLLM's ``return_tokens_as_token_ids``).
+    The tokens are joined and read as one JSON array (a few C-level passes instead of a Python loop per token); a
+    token not of that form is found by the slow path, which names it."""
+    try:
+        joined = ",".join(map(_TOKEN, content))
+    except (KeyError, TypeError):
+        joined = None
+    if joined is not None and joined.count(_TOKEN_ID_PREFIX) == len(content):
+        try:
+            ids = orjson.loads("[" + joined.replace(_TOKEN_ID_PREFIX, "") + "]")
+        except orjson.JSONDecodeError:
+            ids = None
+        if ids is not None and len(ids) == len(content) and set(map(type, ids)) <= {int}:
+            return ids
+    return _token_ids_one_by_one(content)
+
+
+def logprob_tokens_match(content: list, ids: list) -> bool:
+    """Whether the tokens of a choice's ``logprobs.content`` are exactly ``token_id:<id>`` for ``ids``, in order:
+    one comparison of two joined strings (vLLM sends the generated ids twice with ``return_token_ids``; this checks
+    that the two agree without a Python loop per token)."""
+    if len(content) != len(ids):
+        return False
+    if not ids:
+        return True
+    try:
+        joined = ",".join(map(_TOKEN, content))
+        expected = orjson.dumps(ids)[1:-1].decode().replace(",", "," + _TOKEN_ID_PREFIX)
+    except (KeyError, TypeError, orjson.JSONEncodeError):
+        return False
+    return joined == _TOKEN_ID_PREFIX + expected
+
+
+def _token_ids_one_by_one(content: list) -> list[int]:
+    """:func:`token_ids_of_logprobs` token by token (tokens given as ints, or an error naming the bad token)."""
     ids: list[int] = []
-    lps: list[float] = []
     n = len(_TOKEN_ID_PREFIX)
     for entry in content:
-        token = entry.get("token")
-        if isinstance(token, str) and token.startswith(_TOKEN_ID_PREFIX):
+        token = entry.get("token") if isinstance(entry, dict) else None
+        if isinstance(token, str) and token.startswith(_TOKEN_ID_PREFIX) and token[n:].isdigit():
             ids.append(int(token[n:]))
-        elif isinstance(token, int):
+        elif isinstance(token, int) and not isinstance(token, bool):
             ids.append(token)
         else:
             raise ValueError(
                 f"Token {token!r} is not of the form 'token_id:<int>': the upstream ignored "
                 f"`return_tokens_as_token_ids: true` (training mode needs vLLM)."
             )
-        lps.append(entry.get("logprob"))
-    return ids, lps
+    return ids
 
 
 def _output_logprobs(logprobs: Any) -> Optional[list[dict]]:

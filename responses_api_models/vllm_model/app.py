@@ -63,6 +63,7 @@ from nemo_gym.api.chat_conversion import (
 )
 from nemo_gym.api.chat_tokenizers import bind, load_chat_tokenizer, parse_hermes_tool_calls, template_messages
 from nemo_gym.api.streaming import DONE, BackendDoesNotStream, ChatToResponses, chat_completion_chunks
+from nemo_gym.api.token_sources import TokenBundle, TokenSourceError, TokenSources
 from nemo_gym.api.token_continuation import (
     EXACT,
     RETOKENIZED,
@@ -211,6 +212,8 @@ def _error_response(exc: BaseException) -> Response:
         )
     if isinstance(exc, ChatConversionError):
         return _json_response({"error": {"message": str(exc), "type": "invalid_request_error"}}, 400)
+    if isinstance(exc, TokenSourceError):  # the upstream's answer is unusable for training: a bad gateway
+        return _json_response({"error": {"message": str(exc), "type": "upstream_error"}}, 502)
     if isinstance(exc, httpx.TransportError):
         where = ""
         try:
@@ -330,7 +333,7 @@ class VLLMModel(SimpleResponsesAPIModel):
             if self.config.is_responses_native:
                 return _json_response(await self.create_native_response_dict(params, session_id=session_id))
             return _json_response(await self.create_response_dict(params, session_id=session_id))
-        except (NeMoGymOpenAIError, ChatConversionError, httpx.TransportError) as exc:
+        except (NeMoGymOpenAIError, ChatConversionError, TokenSourceError, httpx.TransportError) as exc:
             return _error_response(exc)
 
     async def chat_completions(
@@ -339,7 +342,7 @@ class VLLMModel(SimpleResponsesAPIModel):
         params = body.model_dump(exclude_unset=True)
         try:
             return _json_response(await self.create_chat_completion_dict(params, session_id=_session_id(request)))
-        except (NeMoGymOpenAIError, ChatConversionError, httpx.TransportError) as exc:
+        except (NeMoGymOpenAIError, ChatConversionError, TokenSourceError, httpx.TransportError) as exc:
             return _error_response(exc)
 
     # -- streaming (`"stream": true`; serving/stream_adapter.py calls these) ----------------------------------
@@ -388,12 +391,8 @@ class VLLMModel(SimpleResponsesAPIModel):
                 for _, payload in translator.feed(chunk):
                     yield payload
             completion = translator.chunks.completion()
-            prompt_token_ids = None
-            if token_data is not None:
-                prompt_token_ids = await token_data.prompt_token_ids()
-                if token_data.routed_experts is not None:
-                    completion["routed_experts"] = token_data.routed_experts
-            completion = self._postprocess_completion(completion, prompt_token_ids, chat.get("messages"))
+            tokens = await token_data.bundle() if token_data is not None else None
+            completion = self._postprocess_completion(completion, tokens, chat.get("messages"))
             final = _carry_token_annotations(
                 chat_completion_to_response(params, completion, model=cfg.model, new_id=translator.final_id),
                 completion,
@@ -407,11 +406,12 @@ class VLLMModel(SimpleResponsesAPIModel):
         self, body: NeMoGymChatCompletionCreateParamsNonStreaming, request: Request
     ) -> AsyncIterator[dict]:
         """The upstream's chunks as they come, with what the non-streamed route does to its answer done per chunk:
-        reasoning fields folded into `<think>` content, and in training mode each choice's per-token logprobs as
-        `generation_token_ids` / `generation_log_probs` on its delta (the finishing chunk's delta also gets
-        `prompt_token_ids`, `token_trajectory` and `routed_experts` when the upstream sent them), so the deltas add
-        up to the non-streamed message. The engine's own prompt ids are used when it streams them (vLLM does on
-        its first chunk); else the upstream's /tokenize is asked when the finishing chunk arrives."""
+        reasoning fields folded into `<think>` content, and in training mode each chunk's generated tokens as
+        `generation_token_ids` / `generation_log_probs` on its delta (from the chunk's best token source:
+        `nemo_gym.api.token_sources`; the finishing chunk's delta also gets `prompt_token_ids`, `token_trajectory`
+        and `routed_experts` when the upstream sent them), so the deltas add up to the non-streamed message. The
+        upstream's own prompt ids are used when it streams them (vLLM does on its first chunk); else the
+        upstream's /tokenize is asked when the finishing chunk arrives."""
         cfg = self.config
         if cfg.use_completions_api:
             raise BackendDoesNotStream(_COMPLETIONS_WHOLE)
@@ -445,14 +445,16 @@ class VLLMModel(SimpleResponsesAPIModel):
                         thinking.discard(index)
                         delta["content"] = "</think>" + (delta.get("content") or "")
                     if token_data is not None:
-                        if isinstance(choice.get("logprobs"), dict):
-                            ids, logprobs = generation_tokens_from_logprobs(choice.pop("logprobs"))
-                            delta["generation_token_ids"], delta["generation_log_probs"] = ids, logprobs
+                        generated = token_data.chunk_generation()
+                        choice.pop("logprobs", None)
+                        if generated is not None:
+                            delta["generation_token_ids"], delta["generation_log_probs"] = generated
                         if choice.get("finish_reason") is not None:
-                            delta["prompt_token_ids"] = await token_data.prompt_token_ids()
+                            tokens = await token_data.bundle()
+                            delta["prompt_token_ids"] = tokens.prompt_token_ids
                             delta.update(_chat_route_annotations(raw.get("messages")))
-                            if token_data.routed_experts is not None:
-                                delta["routed_experts"] = token_data.routed_experts
+                            if tokens.routed_experts is not None:
+                                delta["routed_experts"] = tokens.routed_experts
                 yield chunk
         finally:
             await chunks.aclose()
@@ -471,7 +473,8 @@ class VLLMModel(SimpleResponsesAPIModel):
         if early is not None:
             return _chunks_of(early), None
         client = await self._client_for(session_id)
-        token_data = _ChatTokenData(self, client, body) if self.config.return_token_id_information else None
+        token_data = (_ChatTokenData(self, client, body, streamed=True)
+                      if self.config.return_token_id_information else None)
         chunks = self._upstream_stream(client, "chat/completions", body)
         try:
             first = await chunks.__anext__()
@@ -544,14 +547,12 @@ class VLLMModel(SimpleResponsesAPIModel):
             if is_context_length_error(exc.status, exc.body):
                 return empty_chat_completion(self.config.model, "length")
             raise
-        prompt_token_ids = None
+        tokens = None
         if self.config.return_token_id_information:
             token_data = _ChatTokenData(self, client, body)
             token_data.observe(completion)
-            prompt_token_ids = await token_data.prompt_token_ids()
-            if token_data.routed_experts is not None:
-                completion["routed_experts"] = token_data.routed_experts
-        return self._postprocess_completion(completion, prompt_token_ids, body.get("messages"))
+            tokens = await token_data.bundle()
+        return self._postprocess_completion(completion, tokens, body.get("messages"))
 
     def _prepare_chat_body(self, body: dict, prepared: bool) -> tuple[dict, Optional[dict]]:
         """The upstream's chat request for `body`, or (when the call must not reach the upstream) the completion
@@ -567,6 +568,12 @@ class VLLMModel(SimpleResponsesAPIModel):
         body["model"] = cfg.model
         body, extra_body = self._apply_overrides(body)
         if cfg.return_token_id_information:
+            if body.get("n") not in (None, 1):
+                raise ChatConversionError(
+                    f"{cfg.name}: training mode (return_token_id_information: true) reads the token data of exactly "
+                    f"one choice per call; this request asks n={body['n']!r}. Send n=1 (or leave n out) and make "
+                    f"several calls for several samples."
+                )
             body["logprobs"] = True
             body["return_tokens_as_token_ids"] = True
             # vLLM >= 0.10.2 then answers with the prompt's ids (no /tokenize needed); others ignore the key.
@@ -599,11 +606,12 @@ class VLLMModel(SimpleResponsesAPIModel):
         return tokens
 
     def _postprocess_completion(
-        self, completion: dict, prompt_token_ids: Optional[list], messages: Optional[list] = None
+        self, completion: dict, tokens: Optional[TokenBundle], messages: Optional[list] = None
     ) -> dict:
         """The upstream's completion as this server answers it: reasoning fields folded into `<think>` content,
-        training token data on the message (with `token_trajectory`: the chat route re-tokenizes every prompt, so
-        a call with an earlier assistant turn in its prompt is `retokenized`)."""
+        training token data (`tokens`, already taken off the upstream's answer) on the message, with
+        `token_trajectory` (the chat route re-tokenizes every prompt, so a call with an earlier assistant turn in
+        its prompt is `retokenized`)."""
         cfg = self.config
         for choice in completion.get("choices") or ():
             message = choice.get("message")
@@ -616,25 +624,15 @@ class VLLMModel(SimpleResponsesAPIModel):
                     "{name}: the upstream returned reasoning_content/reasoning although uses_reasoning_parser is "
                     "false; it was kept as <think> text. Set uses_reasoning_parser: true for this upstream.",
                 )
-            if prompt_token_ids is not None:
-                ids, logprobs = generation_tokens_from_logprobs(choice.get("logprobs"))
-                message["prompt_token_ids"] = prompt_token_ids
-                message["generation_token_ids"] = ids
-                message["generation_log_probs"] = logprobs
+            if tokens is not None:
+                message["prompt_token_ids"] = tokens.prompt_token_ids
+                message["generation_token_ids"] = tokens.generation_token_ids
+                message["generation_log_probs"] = tokens.generation_log_probs
                 message.update(_chat_route_annotations(messages))
-                routed = choice.pop("routed_experts", None)
-                if routed is None:
-                    routed = completion.get("routed_experts")
-                if routed is not None:
-                    message["routed_experts"] = routed
+                if tokens.routed_experts is not None:
+                    message["routed_experts"] = tokens.routed_experts
                 choice.pop("logprobs", None)
-                # The engine's copies (asked for with return_token_ids) now sit on the message.
-                choice.pop("token_ids", None)
-                choice.pop("prompt_token_ids", None)
             choice["message"] = message
-        if prompt_token_ids is not None:
-            completion.pop("prompt_token_ids", None)
-            completion.pop("routed_experts", None)
         return completion
 
     # -- /v1/completions (use_completions_api; token-in/token-out with render_chat_template) -------------------
@@ -983,45 +981,31 @@ def _carry_token_annotations(response: dict, completion: dict) -> dict:
     return response
 
 
-def _engine_ids(value: Any) -> Optional[list]:
-    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        return value
-    return None
-
-
 class _ChatTokenData:
-    """Training mode on the chat route: the token data the upstream's answer (a whole completion, or each streamed
-    chunk in turn, `observe`) carries beyond the logprobs. `prompt_token_ids()`: the engine's own ids when it sent
-    them (vLLM >= 0.10.2 with `return_token_ids`: top-level on the completion, on the first chunk of a stream),
-    else the upstream's POST /tokenize of the prompt, asked only then (once). `routed_experts`: the upstream's,
-    passed through unread (the choice's or the top level's, last seen wins)."""
+    """Training mode on the chat route: the token data of the upstream's answer (a whole completion, or each streamed
+    chunk in turn, `observe`), read in NeMo Gym v0.5's order by `nemo_gym.api.token_sources.TokenSources`; the
+    prompt's ids from the upstream's POST /tokenize only when the answer carries none (asked then, once)."""
 
-    def __init__(self, model: "VLLMModel", client: NeMoGymAsyncOpenAI, body: dict) -> None:
+    def __init__(self, model: "VLLMModel", client: NeMoGymAsyncOpenAI, body: dict, *, streamed: bool = False) -> None:
         self._model, self._client, self._body = model, client, body
-        self._ids: Optional[list] = None
-        self.routed_experts: Any = None
+        self._sources = TokenSources(model.config.name, streamed=streamed)
+        self._bundle: Optional[TokenBundle] = None
 
     def observe(self, payload: dict) -> None:
         """Take the token data off `payload` (an upstream completion or chunk); the caller puts it on the message
-        itself, so the engine's copies are not sent to the client a second time."""
-        ids = _engine_ids(payload.pop("prompt_token_ids", None))
-        routed = payload.pop("routed_experts", None)
-        for choice in payload.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            ids = _engine_ids(choice.pop("prompt_token_ids", None)) or ids
-            choice_routed = choice.pop("routed_experts", None)
-            routed = choice_routed if choice_routed is not None else routed
-            choice.pop("token_ids", None)  # the generated ids come from the logprobs (the same with token_id:N)
-        if ids is not None:
-            self._ids = ids
-        if routed is not None:
-            self.routed_experts = routed
+        itself, so the upstream's copies are not sent to the client a second time."""
+        self._sources.take(payload)
 
-    async def prompt_token_ids(self) -> list:
-        if self._ids is None:
-            self._ids = await self._model._tokenized_prompt(self._client, self._body)
-        return self._ids
+    def chunk_generation(self) -> Optional[tuple[list, list]]:
+        return self._sources.chunk_generation()
+
+    async def bundle(self) -> TokenBundle:
+        if self._bundle is None:
+            tokens = self._sources.resolve()
+            if tokens.prompt_token_ids is None:
+                tokens.prompt_token_ids = await self._model._tokenized_prompt(self._client, self._body)
+            self._bundle = tokens
+        return self._bundle
 
 
 async def _chunks_of(completion: dict) -> AsyncIterator[dict]:
