@@ -1088,8 +1088,9 @@ def load_config_from_env_yaml_text(text: str) -> DictConfig:
 
 
 def _default_cli_overrides() -> list[str]:
-    # Under pytest, argv holds pytest's own arguments, not overrides.
-    if os.environ.get("PYTEST_CURRENT_TEST"):
+    # In pytest's own process, argv holds pytest's arguments, not overrides. (Not PYTEST_CURRENT_TEST: processes a
+    # test starts inherit it, and a script run by a test must still read its own argv.)
+    if "_pytest.config" in sys.modules:
         return []
     return sys.argv[1:]
 
