@@ -121,6 +121,15 @@ on the first chunk when streamed) and, not streamed, each choice's generated ids
 made-up logprobs). Without the option the key is ignored, as older servers do. Every `/tokenize` request is
 recorded in `app.state.tokenize_requests` (so a test can count them).
 
+NeMo RL's token bundle on chat completions (opt-in: `build_app(message_token_bundle=True)`, `--message-token-bundle`)
+-------------------------------------------------------------------------------------------------------------------
+A `/v1/chat/completions` request that asks for `logprobs` (a training client) is answered as NeMo RL's vLLM HTTP
+server answers it: the token bundle on `choices[0].message` (`prompt_token_ids`: the made-up ids of `/tokenize`;
+`generation_token_ids` / `generation_log_probs`: those of the made-up per-word logprobs, `1000 + k` and `-0.5`) and
+no per-token `logprobs` list. Streamed, the three fields ride on the delta of the finishing chunk. With
+`--chat-prompt-token-ids` as well, the answer also carries vLLM's top-level `prompt_token_ids` and choice `token_ids`
+(the same ids).
+
 Replay mode: `--replay replies.jsonl`
 -------------------------------------
 One reply per line, served by step: the first model call of every conversation gets line 1, the second line 2,
@@ -784,12 +793,14 @@ def build_app(
     completions_tokenizer: Union[str, Path, None] = None,
     refuse_token_prompts: bool = False,
     chat_prompt_token_ids: bool = False,
+    message_token_bundle: bool = False,
 ) -> Starlette:
     """The ASGI app. `script` / `replay`: a path or the already-parsed list (see the module docstring).
     `chunk_delay_ms`: the delay between two streamed events (a reply's own `chunk_delay_ms` wins).
     `answer_streams_whole`: answer `"stream": true` with the whole JSON answer (a backend that does not stream).
     `chat_prompt_token_ids`: `/v1/chat/completions` asked with `return_token_ids` answers with the prompt's ids
-    as vLLM >= 0.10.2 does (see the module docstring)."""
+    as vLLM >= 0.10.2 does; `message_token_bundle`: chat completions asked for `logprobs` carry NeMo RL's token bundle
+    on the message instead of the logprobs (see the module docstring)."""
     delay = latency_ms / 1000.0
     streams = StreamLog()
     rules = load_rules(script) + load_replay(replay)
@@ -843,9 +854,17 @@ def build_app(
         data = orjson.loads(answer.body)
         if view.endpoint == "chat_completions":
             prompt_ids = data.pop("prompt_token_ids", None)
+            bundles = {}
             for choice in data.get("choices") or ():
                 choice.pop("token_ids", None)
+                message = choice.get("message") or {}
+                if "generation_token_ids" in message:
+                    bundles[choice.get("index", 0)] = {k: message.pop(k) for k in _BUNDLE_FIELDS}
             events = _chat_stream(data, view.body)
+            for k, (kind, payload) in enumerate(events):  # NeMo RL's bundle: on the finishing chunk's delta
+                choice = (payload.get("choices") or [None])[0] if isinstance(payload, dict) else None
+                if choice and choice.get("finish_reason") is not None and choice.get("index", 0) in bundles:
+                    choice["delta"] = {**choice["delta"], **bundles.pop(choice.get("index", 0))}
             if prompt_ids is not None:  # vLLM sends them on its first chunk
                 first = next(k for k, (_, payload) in enumerate(events) if isinstance(payload, dict))
                 events[first] = (events[first][0], {**events[first][1], "prompt_token_ids": prompt_ids})
@@ -934,12 +953,23 @@ def build_app(
 
     def with_engine_ids(body: dict, completion: dict) -> dict:
         """`chat_prompt_token_ids` and a request with `return_token_ids`: the made-up ids of `/tokenize` as the
-        top-level `prompt_token_ids`, and each choice's logprob token ids as its `token_ids`."""
+        top-level `prompt_token_ids`, and each choice's logprob token ids as its `token_ids`. `message_token_bundle`
+        and a request with `logprobs`: NeMo RL's bundle on each choice's message, its logprobs list dropped."""
+        if message_token_bundle and body.get("logprobs"):
+            prompt_ids = _made_up_prompt_ids(body.get("messages") or [])
+            for choice in completion.get("choices") or ():
+                content = (choice.get("logprobs") or {}).get("content") or ()
+                choice["message"].update(prompt_token_ids=prompt_ids,
+                                         generation_token_ids=[1000 + k for k in range(len(content))],
+                                         generation_log_probs=[entry["logprob"] for entry in content])
         if chat_prompt_token_ids and body.get("return_token_ids"):
             completion["prompt_token_ids"] = _made_up_prompt_ids(body.get("messages") or [])
             for choice in completion.get("choices") or ():
                 content = (choice.get("logprobs") or {}).get("content") or ()
                 choice["token_ids"] = [1000 + k for k in range(len(content))]
+        if message_token_bundle and body.get("logprobs"):
+            for choice in completion.get("choices") or ():
+                choice["logprobs"] = None
         return completion
 
     async def models(request: Request) -> Response:
@@ -1044,6 +1074,9 @@ def build_app(
     return app
 
 
+_BUNDLE_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+
+
 def _made_up_prompt_ids(messages: list) -> list[int]:
     return [100 + k for k in range(len(messages))]
 
@@ -1093,6 +1126,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help="/v1/completions answers a token-id prompt with HTTP 400")
     parser.add_argument("--chat-prompt-token-ids", action="store_true",
                         help="chat completions asked with return_token_ids carry prompt_token_ids (vLLM >= 0.10.2)")
+    parser.add_argument("--message-token-bundle", action="store_true",
+                        help="chat completions asked for logprobs carry NeMo RL's token bundle on the message")
     parser.add_argument("--no-stream", action="store_true",
                         help="answer `stream: true` with the whole JSON answer (a backend that does not stream)")
     args = parser.parse_args(argv)
@@ -1108,6 +1143,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             completions_tokenizer=args.completions_tokenizer,
             refuse_token_prompts=args.refuse_token_prompts,
             chat_prompt_token_ids=args.chat_prompt_token_ids,
+            message_token_bundle=args.message_token_bundle,
         )
     except (ScriptError, OSError) as exc:
         raise SystemExit(f"fake_openai_server: {exc}") from None
