@@ -18,7 +18,9 @@ Decisions:
 - When the parent `resources_servers/` folder has no `__init__.py` (a fresh project outside the checkout), one is
   created, so the tests' `resources_servers.<name>` import resolves to this folder.
 - `data/example_metrics.json` is written too, with the same content `ng_prepare_data +mode=example_validation`
-  gives, so the new server passes `ng_test +should_validate_data=true` (and `ng_test_all`) from the start.
+  gives, so the new server passes `ng_test +should_validate_data=true` (and `ng_test_all`) from the start. It is
+  marked as measured on placeholder rows, so `ng_prepare_data` replaces it without a conflict once the real rows
+  are in (the v0.5 tutorials' order: replace the data, then run it).
 - `tests/test_e2e.py` knows nothing of the placeholder task: its fake model calls each example row's first tool with
   arguments made from the tool's JSON schema and answers with the tool's output, and it checks the wiring (every
   row gets a scored rollout, no tool call fails), not the reward. So it keeps passing when the author replaces the
@@ -186,7 +188,7 @@ def write_example_metrics(example_path: Path, jsonl_fpath: str) -> Path:
     import json
 
     from nemo_gym.config.types import DatasetConfig
-    from nemo_gym.rollouts.data_prep import DatasetMetricsAccumulator, metrics_document
+    from nemo_gym.rollouts.data_prep import PLACEHOLDER_METRICS_KEY, DatasetMetricsAccumulator, metrics_document
 
     dataset = DatasetConfig(name="example", type="example", jsonl_fpath=jsonl_fpath, license="Apache 2.0")
     accumulator = DatasetMetricsAccumulator()
@@ -194,7 +196,9 @@ def write_example_metrics(example_path: Path, jsonl_fpath: str) -> Path:
         if line.strip():
             accumulator.add_row(json.loads(line))
     out = example_path.with_name("example_metrics.json")
-    out.write_text(json.dumps(metrics_document(dataset, accumulator), indent=4) + "\n", encoding="utf-8")
+    # Marked as measured on placeholder rows, so ng_prepare_data replaces it once the real rows are in.
+    document = {**metrics_document(dataset, accumulator), PLACEHOLDER_METRICS_KEY: True}
+    out.write_text(json.dumps(document, indent=4) + "\n", encoding="utf-8")
     return out
 
 

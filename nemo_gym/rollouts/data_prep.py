@@ -24,6 +24,9 @@ Flow (reference section 3 / 5.6, with the decisions below):
 5. A metrics file that already exists and differs beyond the tolerance is a conflict: the new metrics go
    to `X_metrics_conflict.json` and the command fails, unless `overwrite_metrics_conflicts=true`. One
    that matches within the tolerance is left untouched; a stale conflict file is removed once resolved.
+   A file marked `PLACEHOLDER_METRICS_KEY` (the metrics `ng_init_resources_server` writes for its placeholder
+   rows) is no baseline: once the rows differ it is replaced without a conflict, as the v0.5 tutorials expect
+   (they replace the placeholder rows, then run this command).
 
 Decisions:
 
@@ -855,6 +858,9 @@ class _MetricsOutput:
     unchanged: bool = False
 
 
+PLACEHOLDER_METRICS_KEY = "Placeholder data"  # `true` in metrics measured on placeholder rows (a scaffold's)
+
+
 def _check_conflict(output: _MetricsOutput) -> None:
     if not output.path.exists():
         return
@@ -863,8 +869,10 @@ def _check_conflict(output: _MetricsOutput) -> None:
     except (OSError, json.JSONDecodeError) as err:
         output.differences = [f"the existing file can't be read as JSON ({err})"]
         return
-    output.differences = compare_metrics(existing, output.document)
-    output.unchanged = not output.differences
+    placeholder = isinstance(existing, dict) and existing.pop(PLACEHOLDER_METRICS_KEY, None) is True
+    differences = compare_metrics(existing, output.document)
+    output.differences = [] if placeholder else differences
+    output.unchanged = not differences
 
 
 # --------------------------------------------------------------------------------------------------
