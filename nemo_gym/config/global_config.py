@@ -1088,15 +1088,17 @@ def load_config_from_env_yaml_text(text: str) -> DictConfig:
 
 
 def _default_cli_overrides() -> list[str]:
-    # In pytest's own process, argv holds pytest's arguments, not overrides. (Not PYTEST_CURRENT_TEST: processes a
-    # test starts inherit it, and a script run by a test must still read its own argv.)
-    if "_pytest.config" in sys.modules:
+    # When argv is pytest's own (`pytest ...`, `python -m pytest ...`), it holds pytest's arguments, not overrides.
+    # (Not PYTEST_CURRENT_TEST: processes a test starts inherit it, and a script run by a test reads its own argv.)
+    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if program is not None and (program.name in ("pytest", "py.test") or program.parent.name == "pytest"):
         return []
     return sys.argv[1:]
 
 
 def get_global_config_dict(
     global_config_dict_parser_config: Optional[GlobalConfigDictParserConfig] = None,
+    global_config_dict_parser_cls: Optional[type] = None,
     *,
     overrides: Optional[list[str]] = None,
     initial_global_config_dict: Optional[Mapping | DictConfig] = None,
@@ -1105,13 +1107,16 @@ def get_global_config_dict(
     """The global config of this process, built once and cached.
 
     In a server child (`NEMO_GYM_CONFIG_DICT` set) it is the YAML handed down by `ng_run`, taken as
-    is. Otherwise it is parsed from `overrides` (default: `sys.argv[1:]`)."""
+    is. Otherwise it is parsed from `overrides` (default: `sys.argv[1:]`), or, as in NeMo Gym v0.5, by
+    `global_config_dict_parser_cls().parse(...)` when the caller passes its own subclass of `GlobalConfigDictParser`."""
     global _GLOBAL_CONFIG_DICT
     options = global_config_dict_parser_config or GlobalConfigDictParserConfig()
     if _GLOBAL_CONFIG_DICT is None:
         env_text = os.environ.get(NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME)
         if env_text is not None:
             _GLOBAL_CONFIG_DICT = load_config_from_env_yaml_text(env_text)
+        elif global_config_dict_parser_cls not in (None, GlobalConfigDictParser):
+            _GLOBAL_CONFIG_DICT = global_config_dict_parser_cls().parse(options)
         else:
             _GLOBAL_CONFIG_DICT = _parse_with(options, overrides, initial_global_config_dict, allocate_ports)
     if options.hide_secrets:

@@ -97,3 +97,21 @@ def test_the_cli_overrides_alone(monkeypatch):
 def test_a_bad_initial_config_is_a_clear_error():
     with pytest.raises(ValueError, match="config_paths"):
         GlobalConfigDictParser().parse_no_environment({"config_paths": ["no/such/config.yaml"]})
+
+
+def test_get_global_config_dict_takes_the_callers_parser_class(monkeypatch):
+    """v0.5's `get_global_config_dict(global_config_dict_parser_cls=...)`: a caller's subclass builds the config."""
+    from nemo_gym.config.global_config import reset_global_config_dict_cache
+
+    class TrainerParser(GlobalConfigDictParser):
+        def parse(self, parse_config=None):
+            return OmegaConf.create({"built_by": "trainer", "skip_cli": parse_config.skip_load_from_cli})
+
+    monkeypatch.delenv("NEMO_GYM_CONFIG_DICT", raising=False)
+    reset_global_config_dict_cache()
+    try:
+        cfg = get_global_config_dict(GlobalConfigDictParserConfig(skip_load_from_cli=True), TrainerParser)
+        assert (cfg.built_by, cfg.skip_cli) == ("trainer", True)
+        assert get_global_config_dict() is cfg  # cached as this process's config, as any other
+    finally:
+        reset_global_config_dict_cache()
