@@ -434,6 +434,15 @@ class RunHelper:
         env[NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME] = config_yaml
         env[NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME] = server.spec.server_id
         env["PYTHONUNBUFFERED"] = "1"
+        # A server runs in its own folder; relative paths its config names (a benchmark's judge template, say
+        # `benchmarks/hle/prompts/judge.txt`) are the user's, so the folder ng_run was started in joins the
+        # search roots (`NEMO_GYM_EXTRA_ROOTS`, before the server's own folder and the install root).
+        from nemo_gym.rollouts.prompts import EXTRA_ROOTS_ENV_VAR_NAME
+
+        roots = [part for part in env.get(EXTRA_ROOTS_ENV_VAR_NAME, "").split(os.pathsep) if part.strip()]
+        if str(self.cwd) not in roots:
+            roots.append(str(self.cwd))
+        env[EXTRA_ROOTS_ENV_VAR_NAME] = os.pathsep.join(roots)
         if self.cfg.get("uv_cache_dir"):
             env["UV_CACHE_DIR"] = str(self.cfg.get("uv_cache_dir"))
         if fd is not None:

@@ -227,7 +227,13 @@ class LLMJudgeResourcesServer(SimpleResourcesServer):
         if self.config.judge_prompt_template_fpath is None:
             return DEFAULT_JUDGE_PROMPT_TEMPLATE
         path = Path(self.config.judge_prompt_template_fpath)
-        candidates = [path] if path.is_absolute() else [SERVER_DIR / path, Path.cwd() / path]
+        # Relative: this server's folder, then the search roots (NEMO_GYM_EXTRA_ROOTS, which holds the folder
+        # ng_run was started in, the current folder, the install root): a v0.5 benchmark names its template from
+        # the checkout's root (`benchmarks/hle/prompts/judge.txt`).
+        from nemo_gym.rollouts.benchmarks import component_search_roots
+
+        roots = [SERVER_DIR, *component_search_roots()]
+        candidates = [path] if path.is_absolute() else list(dict.fromkeys(root / path for root in roots))
         for candidate in candidates:
             if candidate.is_file():
                 return candidate.read_text()

@@ -171,7 +171,7 @@ def test_a_grading_mode_mcqa_does_not_have_is_refused_before_start(v05_tree):
     from resources_servers.mcqa.app import MCQAResourcesServerConfig
 
     cfg = parse_global_config(
-        _args(("mmlu_pro/config.yaml",), ("++mmlu_pro_mcqa_resources_server.resources_servers.mcqa.grading_mode=fuzzy",)),
+        _args(("mmlu_pro/config.yaml",), ("++mmlu_pro_mcqa_resources_server.resources_servers.mcqa.grading_mode=x",)),
         cwd=v05_tree, allocate_ports=False, initial_global_config_dict=POLICY_PLACEHOLDERS, load_env_yaml=False,
     )
     data = {"host": "127.0.0.1", "port": 1, **resolve_server_config(cfg, "mmlu_pro_mcqa_resources_server")}

@@ -355,6 +355,21 @@ def test_prompt_template_from_a_file(tmp_path):
         new_server(judge_prompt_template_fpath="no/such/template.txt")
 
 
+def test_a_relative_template_path_is_found_in_the_search_roots(tmp_path, monkeypatch):
+    # A v0.5 benchmark names its template from the checkout's root (`benchmarks/hle/prompts/judge.txt`); ng_run
+    # puts the folder it was started in on NEMO_GYM_EXTRA_ROOTS for its servers, which run in their own folder.
+    template = tmp_path / "benchmarks/quiz/prompts/judge.txt"
+    template.parent.mkdir(parents=True)
+    template.write_text("Gold={expected_answer} Got={generated_answer}")
+    monkeypatch.setenv("NEMO_GYM_EXTRA_ROOTS", str(tmp_path))
+    judge = FakeJudge(EQ)
+    verify("Canberra", judge=judge, config={"judge_prompt_template_fpath": "benchmarks/quiz/prompts/judge.txt"})
+    assert judge.prompt(0) == "Gold=Canberra Got=Canberra"
+    monkeypatch.delenv("NEMO_GYM_EXTRA_ROOTS")
+    with pytest.raises(FileNotFoundError, match="benchmarks/quiz/prompts/judge.txt"):
+        new_server(judge_prompt_template_fpath="benchmarks/quiz/prompts/judge.txt")
+
+
 @pytest.mark.parametrize("template", ["{answer}", r"\frac{1}{2} {question}", "{0}", "{question"])
 def test_broken_templates_fail_at_start_up(template):
     with pytest.raises(ValueError, match="literal braces must be doubled"):
