@@ -104,6 +104,8 @@ def test_a_trainer_starts_the_stack_in_its_own_process_and_reads_what_trainers_r
     assert report["ray_still_initialized_before_shutdown"] and report["trainer_ray_connected_after_shutdown"]
     assert len(report["server_pids"]) == 2 and report["server_groups_alive_after_shutdown"] == []
     assert report["ray_actor_servers"] == ["weather_tool_use"]
+    for host, port in report["server_addresses"]:  # default_host and the port range the trainer chose
+        assert host == "127.0.0.1" and 20100 <= port <= 20999, report["server_addresses"]
     assert report["actors_left_on_the_trainers_cluster"] == []
     assert "not_a_gym_key" not in output
 
