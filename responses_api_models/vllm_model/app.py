@@ -14,9 +14,11 @@ Behaviour in short (details and the differences from NeMo Gym v0.2 are in README
 * Reasoning: `<think>...</think>` text <-> reasoning items; with `uses_reasoning_parser` the upstream's
   `reasoning_content` / `reasoning` fields are used in both directions.
 * Training (`return_token_id_information`): the upstream is asked for `logprobs` with
-  `return_tokens_as_token_ids` and for `return_token_ids`; the last output item carries `prompt_token_ids` (the
-  engine's own, vLLM >= 0.10.2; only an answer without them costs a `POST /tokenize` of the prompt, asked after
-  the generation), `generation_token_ids`, `generation_log_probs` and the upstream's `routed_experts` if any.
+  `return_tokens_as_token_ids` and for `return_token_ids`; the last output item carries `prompt_token_ids`,
+  `generation_token_ids`, `generation_log_probs` and the upstream's `routed_experts` if any, read in NeMo Gym
+  v0.5's order (`nemo_gym.api.token_sources`: NeMo RL's bundle on the message; the engine's `prompt_token_ids` +
+  `token_ids`; the `token_id:N` logprobs + a `POST /tokenize` of the prompt, asked after the generation). Partial
+  or conflicting token data is HTTP 502; `n` > 1 is HTTP 400.
 * Token-in/token-out (`use_completions_api` + `render_chat_template` + `tokenizer`, a local GGUF or Hugging Face
   tokenizer folder): the chat template
   is rendered here and the upstream's `/v1/completions` gets a token-id prompt built by

@@ -16,6 +16,8 @@ from nemo_gym.api.chat_conversion import (
     extract_think,
     fold_reasoning_into_content,
     generation_tokens_from_logprobs,
+    logprob_tokens_match,
+    token_ids_of_logprobs,
     is_context_length_error,
     prepare_chat_messages,
     responses_to_chat_params,
@@ -485,6 +487,25 @@ def test_generation_tokens_from_logprobs():
         generation_tokens_from_logprobs({"content": [{"token": "Hi", "logprob": -0.5}]})
     with pytest.raises(ValueError, match="no per-token logprobs"):
         generation_tokens_from_logprobs(None)
+
+
+@pytest.mark.parametrize("token", ["Hi", "token_id:1.5", "token_id:true", "token_id:1,token_id:2", "token_id:",
+                                   "token_id:[1]", None])
+def test_token_ids_of_logprobs_names_a_token_not_of_the_token_id_form(token):
+    content = [{"token": "token_id:3", "logprob": -0.1}, {"token": token, "logprob": -0.2}]
+    with pytest.raises(ValueError, match="is not of the form 'token_id:<int>'"):
+        token_ids_of_logprobs(content)
+
+
+def test_token_ids_of_logprobs_and_matching_without_a_loop_per_token():
+    content = [{"token": f"token_id:{i}", "logprob": -0.5} for i in (7, 150_000, 0)]
+    assert token_ids_of_logprobs(content) == [7, 150_000, 0] and token_ids_of_logprobs([]) == []
+    assert token_ids_of_logprobs([{"token": 9, "logprob": 0.0}]) == [9]  # ints as some servers send them
+    assert logprob_tokens_match(content, [7, 150_000, 0]) and logprob_tokens_match([], [])
+    assert not logprob_tokens_match(content, [7, 150_000, 1])
+    assert not logprob_tokens_match(content, [7, 150_000])
+    assert not logprob_tokens_match(content, ["7", 150_000, 0])
+    assert not logprob_tokens_match([{"token": "7"}, {"token": "150000"}, {"token": "0"}], [7, 150_000, 0])
 
 
 def test_context_length_detection_and_empty_completion():
