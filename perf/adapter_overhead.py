@@ -180,7 +180,7 @@ def bench_end_to_end(calls: int, training: bool) -> None:
     import httpx
 
     from nemo_gym.api.chat_conversion import responses_to_chat_params
-    from nemo_gym.testing.stack import cpu_seconds, free_port
+    from nemo_gym.testing.stack import cpu_seconds, free_port, terminate_all
 
     fake_port, model_port = free_port(), free_port()
     me = [sys.executable, os.path.abspath(__file__)]
@@ -221,13 +221,7 @@ def bench_end_to_end(calls: int, training: bool) -> None:
         print(f"  CPU per call, vllm_model process: {model_cpu / n * 1e6:6.0f} us   (fake upstream process, which also "
               f"served the direct calls: {fake_cpu / (2 * n) * 1e6:.0f} us per call)")
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        terminate_all(procs)
 
 
 def main() -> None:

@@ -125,7 +125,7 @@ def bench_end_to_end(calls: int, sizes: list[int]) -> None:
     import httpx
     import psutil
 
-    from nemo_gym.testing.stack import cpu_seconds, free_port
+    from nemo_gym.testing.stack import cpu_seconds, free_port, terminate_all
 
     upstream_port, model_port = free_port(), free_port()
     me = [sys.executable, os.path.abspath(__file__)]
@@ -160,13 +160,7 @@ def bench_end_to_end(calls: int, sizes: list[int]) -> None:
                     print(f"{shape:<10} {n:>9} {size / 1e6:>7.2f}MB {statistics.median(latencies) * 1e3:>8.1f}ms "
                           f"{cpu * 1e3:>8.1f}ms   ({count} calls)")
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        terminate_all(procs)
 
 
 def orjson_dumps(value: Any) -> bytes:

@@ -225,6 +225,18 @@ class FakeLLMBackend(ChildProcess):
         return super().stop(sig, timeout)
 
 
+def terminate_all(procs: Sequence[subprocess.Popen], timeout: float = 10.0) -> None:
+    """SIGTERM every process, then wait for each; one still alive after `timeout` is killed (benchmarks' servers)."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def fake_llm_overrides(
     config_paths: Sequence[str], backend_url: str, head_port: int, model_name: str = "fake-model"
 ) -> list[str]:

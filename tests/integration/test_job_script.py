@@ -15,18 +15,10 @@ from pathlib import Path
 
 from nemo_gym.testing.stack import FakeLLMBackend, NgRunStack, process_tree
 from tests.conftest import FIXTURE_STACK, free_port
+from tests.integration.test_collect_rollouts import TOOLS
 
 SCRIPT = FIXTURE_STACK / "scripts" / "collect.jsonl"
 SUMMARY = re.compile(r"^(\d+) servers found \((\d+) healthy, (\d+) unhealthy\)$", re.MULTILINE)
-TOOLS = [
-    {
-        "type": "function",
-        "name": "increment_counter",
-        "description": "add to the counter",
-        "parameters": {"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]},
-        "strict": False,
-    }
-]
 # (what to ask, initial count, expected count): the model adds 1 or 2, so the reward is 1 when they differ by that.
 TASKS = [("add 1", 0, 1), ("add 2", 1, 3), ("add 1", 5, 9), ("add 2", 0, 2), ("add 1", 7, 8)]
 

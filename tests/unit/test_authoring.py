@@ -221,13 +221,11 @@ def test_scaffold_inside_the_checkout_uses_the_relative_requirement(tmp_path, mo
     assert (tmp_path / "resources_servers/inner/requirements.txt").read_text().strip() == "-e nemo-gym @ ../../"
 
 
-def test_scaffold_metrics_equal_what_ng_prepare_data_writes(tmp_path):
+def prepare_my_env_example(tmp_path) -> None:
+    """`ng_prepare_data +mode=example_validation` of the scaffolded `my_env`, in-process; raises on a conflict."""
     from nemo_gym.config.global_config import parse_global_config
     from nemo_gym.rollouts.data_prep import POLICY_PLACEHOLDERS, TrainDataProcessorConfig, prepare_data
 
-    assert init(tmp_path, "+entrypoint=resources_servers/my_env") == 0
-    metrics = tmp_path / "resources_servers/my_env/data/example_metrics.json"
-    before = metrics.read_text()
     cfg = parse_global_config(
         [f"+config_paths=[resources_servers/my_env/configs/my_env.yaml,{st.MODEL_CONFIG}]"],
         initial_global_config_dict=dict(POLICY_PLACEHOLDERS),
@@ -235,7 +233,14 @@ def test_scaffold_metrics_equal_what_ng_prepare_data_writes(tmp_path):
         allocate_ports=False,
     )
     config = TrainDataProcessorConfig(output_dirpath=str(tmp_path / "prepared"), mode="example_validation")
-    prepare_data(config, cfg, cwd=tmp_path)  # raises on a metrics conflict
+    prepare_data(config, cfg, cwd=tmp_path)
+
+
+def test_scaffold_metrics_equal_what_ng_prepare_data_writes(tmp_path):
+    assert init(tmp_path, "+entrypoint=resources_servers/my_env") == 0
+    metrics = tmp_path / "resources_servers/my_env/data/example_metrics.json"
+    before = metrics.read_text()
+    prepare_my_env_example(tmp_path)  # raises on a metrics conflict
     assert metrics.read_text() == before
     assert not list(metrics.parent.glob("*conflict*"))
 
@@ -322,23 +327,13 @@ def test_data_validation_missing_metrics_gives_the_command(tmp_path):
 def test_ng_prepare_data_replaces_the_scaffolds_placeholder_metrics_once_the_rows_change(tmp_path):
     """The v0.5 tutorials replace the scaffold's rows, then run ng_prepare_data: no conflict with the placeholder
     metrics; real metrics written over them still conflict when the rows change again."""
-    from nemo_gym.config.global_config import parse_global_config
-    from nemo_gym.rollouts.data_prep import POLICY_PLACEHOLDERS, TrainDataProcessorConfig, prepare_data
-
     assert init(tmp_path, "+entrypoint=resources_servers/my_env") == 0
     server = tmp_path / "resources_servers/my_env"
     rows = [json.loads(line) for line in (server / "data/example.jsonl").read_text().splitlines()]
     for row in rows:
         row["expected_answer"] = 100 + row["expected_answer"]
     (server / "data/example.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    cfg = parse_global_config(
-        [f"+config_paths=[resources_servers/my_env/configs/my_env.yaml,{st.MODEL_CONFIG}]"],
-        initial_global_config_dict=dict(POLICY_PLACEHOLDERS),
-        cwd=tmp_path,
-        allocate_ports=False,
-    )
-    config = TrainDataProcessorConfig(output_dirpath=str(tmp_path / "prepared"), mode="example_validation")
-    prepare_data(config, cfg, cwd=tmp_path)  # raises on a metrics conflict
+    prepare_my_env_example(tmp_path)  # raises on a metrics conflict
     metrics = json.loads((server / "data/example_metrics.json").read_text())
     assert "Placeholder data" not in metrics and not list((server / "data").glob("*conflict*"))
     assert st.validate_example_data(server, cwd=tmp_path).passed
@@ -346,7 +341,7 @@ def test_ng_prepare_data_replaces_the_scaffolds_placeholder_metrics_once_the_row
     rows[0]["expected_answer"] = 7
     (server / "data/example.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     with pytest.raises(Exception, match="conflict"):
-        prepare_data(config, cfg, cwd=tmp_path)
+        prepare_my_env_example(tmp_path)
 
 
 def test_data_validation_hint_command_really_creates_the_metrics(tmp_path):
