@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
+from fastapi import HTTPException
 from pydantic import BaseModel, Field, ValidationError
 
 from nemo_gym.base_resources_server import BaseResourcesServerConfig
@@ -33,7 +34,7 @@ class FrozenLakeConfig(BaseResourcesServerConfig):
 class FrozenLakeTask(BaseModel):
     """The row fields that pick the game."""
 
-    map_seed: int = Field(description="seed of gymnasium's generate_random_map: the same seed is the same map")
+    map_seed: int = Field(ge=0, description="seed of gymnasium's generate_random_map: the same seed is the same map")
     map_size: int = Field(default=4, ge=2, le=12, description="the map is map_size x map_size")
     max_moves: Optional[int] = Field(default=None, ge=1, description="gymnasium's time limit (default: its own)")
 
@@ -51,12 +52,7 @@ class FrozenLakeResourcesServer(GymnasiumServer):
     async def step(
         self, action: NeMoGymResponse, metadata: dict[str, Any], session_id: str
     ) -> tuple[Optional[str], float, bool, bool, dict[str, Any]]:
-        game = self.session_state.get(session_id)
-        if game is None:
-            raise RuntimeError(
-                "frozen_lake: this session has no game. POST /reset with the row first, and keep its session "
-                "cookie for every /step (a session's game ends with the step that ends the episode)."
-            )
+        game = self.session_state[session_id]  # GymnasiumServer answers a step without a live game with a 4xx
         calls = [item for item in action.output if getattr(item, "type", None) == "function_call"]
         reward, terminated, truncated = 0.0, False, False
         outputs: list[dict[str, str]] = []
@@ -119,9 +115,11 @@ class FrozenLakeResourcesServer(GymnasiumServer):
             problems = "; ".join(
                 f"`{'.'.join(str(p) for p in error['loc'])}`: {error['msg']}" for error in exc.errors()
             )
-            raise ValueError(
-                f"frozen_lake: the row does not name a game ({problems}). A row needs `map_seed` (int) and may set "
-                "`map_size` (2-12, default 4) and `max_moves`; see resources_servers/frozen_lake/README.md."
+            raise HTTPException(
+                422,
+                f"frozen_lake: the row does not name a game ({problems}). A row needs `map_seed` (a whole number "
+                ">= 0) and may set `map_size` (2-12, default 4) and `max_moves` (>= 1); see "
+                "resources_servers/frozen_lake/README.md.",
             ) from None
 
 

@@ -111,7 +111,8 @@ def test_a_winning_episode_through_the_routes():
 
     # the session's game is over: a further step is a clear error
     after = client.post("/step", json={**row, "response": move("up")})
-    assert after.status_code == 500 and "POST /reset with the row first" in after.json()
+    assert after.status_code == 409, after.text
+    assert "ended at step 6 (terminated)" in after.json()["detail"] and "POST /reset" in after.json()["detail"]
 
 
 def test_several_moves_in_one_turn_are_played_in_order_until_the_game_ends():
@@ -172,10 +173,12 @@ def test_a_row_without_a_game_is_a_clear_error():
     _, client = new_client()
     row = {k: v for k, v in ROWS[0].items() if k != "map_seed"}
     answer = client.post("/reset", json=row)
-    assert answer.status_code == 500
-    assert "`map_seed`" in answer.json() and "README" in answer.json()
+    assert answer.status_code == 422
+    assert "`map_seed`" in answer.json()["detail"] and "README" in answer.json()["detail"]
     answer = client.post("/reset", json={**ROWS[0], "map_size": 1})
-    assert answer.status_code == 500 and "`map_size`" in answer.json()
+    assert answer.status_code == 422 and "`map_size`" in answer.json()["detail"]
+    answer = client.post("/reset", json={**ROWS[0], "map_seed": -1})
+    assert answer.status_code == 422 and "`map_seed`" in answer.json()["detail"]
 
 
 def test_only_the_gymnasium_routes_are_served():
