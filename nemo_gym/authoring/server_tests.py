@@ -49,6 +49,7 @@ import yaml
 from pydantic import Field, field_validator
 
 from nemo_gym import PARENT_DIR
+from nemo_gym.config.server_paths import server_folder_of
 from nemo_gym.config.types import AGENT_SERVER_TYPE, SERVER_TYPES, BaseNeMoGymCLIConfig
 from nemo_gym.errors import NeMoGymConfigError, closest_match
 
@@ -154,11 +155,11 @@ def resolve_server_dir(entrypoint: str, cwd: Optional[Path] = None) -> Path:
     text = str(entrypoint).strip()
     if not text:
         raise NeMoGymConfigError("+entrypoint is empty: pass a server folder, e.g. +entrypoint=resources_servers/mcqa.")
+    found = server_folder_of(text, cwd, SERVER_TYPES)  # refuses `..` and folders outside the server roots
+    if found is not None:
+        return found
     path = Path(os.path.expanduser(text))
     candidates = [path] if path.is_absolute() else [cwd / path, PARENT_DIR / path]
-    for candidate in candidates:
-        if candidate.is_dir():
-            return Path(os.path.normpath(os.path.abspath(candidate)))
     looked = ", ".join(str(c) for c in dict.fromkeys(candidates))
     hint = ""
     if len(path.parts) == 1:

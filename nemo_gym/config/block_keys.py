@@ -493,22 +493,18 @@ def _aliases(value: Optional[ast.expr]) -> set[str]:
 def server_config_schema(server_type: str, impl: str, entrypoint: str, cwd: Path) -> Optional[KeySchema]:
     """The keys a `<server_type>.<impl>` block with this entrypoint may hold, from its config class read statically
     (plus the conventional metadata fields of its kind); None when the class cannot be read."""
-    from nemo_gym import PARENT_DIR
+    from nemo_gym.config.server_paths import check_entrypoint, find_server_dir, server_roots
+    from nemo_gym.errors import NeMoGymConfigError
 
     cwd = Path(cwd)
-    rel = Path(server_type) / impl
-    roots = list(dict.fromkeys([cwd, Path(PARENT_DIR)]))
-    server_dir = None
-    for root in roots:  # the launcher's order: a folder with requirements.txt/pyproject.toml first
-        if (root / rel / "requirements.txt").exists() or (root / rel / "pyproject.toml").exists():
-            server_dir = root / rel
-            break
-    if server_dir is None:
-        server_dir = next((root / rel for root in roots if (root / rel).is_dir()), None)
-    if server_dir is None or not entrypoint or Path(entrypoint).is_absolute():
+    roots = server_roots(cwd)
+    try:  # the launcher's folder and entrypoint, confined to the server roots
+        server_dir = find_server_dir(impl, server_type, impl, cwd)
+        check_entrypoint(impl, "entrypoint", entrypoint, server_dir)
+    except NeMoGymConfigError:
         return None
     path = server_dir / entrypoint
-    if not path.is_file() or path.suffix != ".py":
+    if path.suffix != ".py":
         return None
     root = server_dir.parent.parent
     module_name = ".".join([server_type, impl, *Path(entrypoint).with_suffix("").parts])

@@ -397,12 +397,18 @@ def _base_run_request(warning: Optional[str], why: str) -> VerifyModel:
     return VerifyModel(BaseRunRequest, f"BaseRunRequest ({why})", warning, with_response=False)
 
 
-def _server_file(server_type: str, impl: str, entrypoint: str, cwd: Path) -> Optional[Path]:
-    for root in (cwd, PARENT_DIR):
-        candidate = root / server_type / impl / entrypoint
-        if candidate.is_file():
-            return candidate
-    return None
+def _server_file(spec: Any, cwd: Path) -> Optional[Path]:
+    """The entrypoint file ng_run would run, or None when it is missing; one outside the server roots is refused
+    (config/server_paths.py), since importing it runs it."""
+    from nemo_gym.config.server_paths import OutsideServerRootsError, locate_server
+
+    try:
+        location = locate_server(spec, cwd)
+    except OutsideServerRootsError:
+        raise
+    except NeMoGymConfigError:
+        return None
+    return location.server_dir / location.entrypoint
 
 
 def _import_file(path: Path, module_name: str):
@@ -479,7 +485,7 @@ def load_verify_request_model(
         )
     entrypoint = str(spec.config.get("entrypoint") or "app.py")
     rel = f"{spec.server_type}/{spec.impl}/{entrypoint}"
-    path = _server_file(spec.server_type, spec.impl, entrypoint, cwd)
+    path = _server_file(spec, cwd)
     if path is None:
         return _base_run_request(
             f"cannot find {rel} (looked in {cwd} and {PARENT_DIR}) for resources server `{resources_server_name}`; "

@@ -156,6 +156,7 @@ class RayReplica:
     replica: int
     num_replicas: int
     max_restarts: int
+    entrypoint: str = ""  # as `locate_server` checked it (config/server_paths.py); the actor runs exactly this
     handle: Any = None
     info: dict = field(default_factory=dict)
     state: str = "starting"

@@ -540,9 +540,9 @@ def _spec_server_dir(spec: Any, cwd: Path) -> tuple[Any, Path]:
         return spec.spec, Path(spec.server_dir)
     if hasattr(spec, "server_dir"):
         return spec, Path(spec.server_dir)
-    from nemo_gym.runtime.launcher import resolve_server_dir  # lazy: the launcher imports us
+    from nemo_gym.config.server_paths import locate_server  # confined to the server roots
 
-    return spec, resolve_server_dir(spec, cwd)
+    return spec, locate_server(spec, cwd).server_dir
 
 
 def prebuild_all(

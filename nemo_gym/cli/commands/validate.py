@@ -13,7 +13,8 @@ What is checked, in order:
    here, since everything after needs them;
 2. the merge and the server blocks, exactly as `ng_run` parses them (almost-servers all together; otherwise the
    parser's first error, which ends the check);
-3. per server: every `${...}` resolves, the implementation folder and its entrypoint exist; at least one server.
+3. per server: every `${...}` resolves, the implementation folder and its entrypoint exist inside the server roots
+   (no `..`, absolute path or outside link: config/server_paths.py); at least one server.
 Exit 0 when the config is fine, 2 with every problem listed otherwise.
 """
 
@@ -211,7 +212,7 @@ def server_problems(
         no_entrypoint_hint,
         resolve_server_config,
     )
-    from nemo_gym.runtime.launcher import check_entrypoint, resolve_server_dir
+    from nemo_gym.config.server_paths import locate_server
 
     cwd = Path(cwd) if cwd is not None else Path.cwd()
     problems: list[NeMoGymConfigError] = []
@@ -222,7 +223,7 @@ def server_problems(
         except NeMoGymConfigError as err:
             problems.append(_as_class(err, ConfigInterpolationError))
         try:
-            check_entrypoint(spec, resolve_server_dir(spec, cwd))
+            locate_server(spec, cwd)  # folder and entrypoint exist, inside the server roots
         except NeMoGymConfigError as err:
             problems.append(err)
     all_ids = [spec.server_id for spec in specs]
