@@ -394,16 +394,17 @@ def agent_routes(model_url: str, resources_url: str, pool: int) -> dict:
 
 
 def start_floor(upstream: str, model_name: str = "fake-model", pool: int = 64, script: str = __file__,
-                validate: bool = False) -> dict:
+                validate: bool = False, payload: bool = False) -> dict:
     """Start the three floor processes of `script` (this file, or `floor_stack_streams.py`) against the LLM at
     `upstream` (no `/v1`); `validate`: this file's servers with the contract's pydantic work
-    (`perf/floor_validated.py`). Returns {"resources"|"model"|"agent": ChildProcess} once all three are ready, the agent
+    (`perf/floor_validated.py`); `payload`: the training-mode weather task's routes (`perf/floor_payload.py`,
+    the LLM's chat completions with token data). Returns {"resources"|"model"|"agent": ChildProcess} once all three are ready, the agent
     `/run` URL under "url" and each server's base URL under "urls"."""
     from nemo_gym.testing.stack import ChildProcess, free_port
 
     ports = {name: free_port() for name in ("resources", "model", "agent")}
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    cmd = [sys.executable, script, *(["--validate"] if validate else [])]
+    cmd = [sys.executable, script, *(["--validate"] if validate else []), *(["--payload"] if payload else [])]
     roles = {
         "resources": [*cmd, "resources", "--port", str(ports["resources"])],
         "model": [*cmd, "model", "--port", str(ports["model"]), "--upstream", upstream, "--model-name", model_name,
@@ -456,6 +457,8 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=64, help="keep-alive connections per peer, at most")
     parser.add_argument("--validate", action="store_true",
                         help="the validated floor: the contract's pydantic work too (perf/floor_validated.py)")
+    parser.add_argument("--payload", action="store_true",
+                        help="the payload floor: the training-mode weather task's routes (perf/floor_payload.py)")
     args = parser.parse_args()
 
     import gc
@@ -468,6 +471,8 @@ def main() -> None:
     roles = sys.modules[__name__]
     if args.validate:
         import floor_validated as roles
+    if args.payload:
+        import floor_payload as roles
 
     async def amain() -> None:
         upstream = None

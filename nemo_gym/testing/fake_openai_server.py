@@ -75,6 +75,11 @@ A reply (all keys optional):
   `app.state.streams.release()` (so a test can observe a delta arriving while the backend is mid-answer).
 - `break_after_chunks`: when streamed, drop the connection after this many events (a backend that dies
   mid-answer; recorded as `broken`).
+- `hang`: `true` (opt-in): never answer (a hung backend). The call waits until its client goes away; each such
+  call is recorded in `app.state.hangs` (`HangLog`; also served as JSON at `GET /fake/hangs`, for a backend run as
+  a child process) with `endpoint`, `rule` and `state` (`waiting`, then `client_gone` once the client closed the
+  connection), and the fake prints `fake backend: the client of hung call <n> (rule ...) went away`. A test
+  proves with it that an abandoned call was closed upstream.
 
 `replies`: a list of replies; step 1 gets `replies[0]`, step 2 `replies[1]`, ...; a step past the end gets HTTP 400.
 
@@ -130,6 +135,16 @@ no per-token `logprobs` list. Streamed, the three fields ride on the delta of th
 `--chat-prompt-token-ids` as well, the answer also carries vLLM's top-level `prompt_token_ids` and choice `token_ids`
 (the same ids).
 
+Training-sized token payloads (opt-in: `build_app(prompt_token_count=M, varied_token_values=True)`,
+`--prompt-token-count M --varied-token-values`; `perf/payload_scaling.py`)
+---------------------------------------------------------------------------------------------------------------------
+`prompt_token_count`: the made-up prompt ids (of `/tokenize`, the engine's `prompt_token_ids` and NeMo RL's bundle)
+are M ids (`100 + k`, k < M) instead of one per message, so a benchmark can send a prompt of realistic length.
+`varied_token_values`: the made-up generated tokens (still one per word of the content) get ids spread over a
+150,000-token vocabulary (`1000 + (k * 7919) % 150000`) and full-precision log probs (`-((k % 97) + 1) / 97`), so
+their JSON is as long as a real engine's (about 26 bytes per token in the bundle instead of 10). A reply of N words
+then carries N generated tokens. Without the options nothing changes.
+
 Replay mode: `--replay replies.jsonl`
 -------------------------------------
 One reply per line, served by step: the first model call of every conversation gets line 1, the second line 2,
@@ -160,7 +175,7 @@ from nemo_gym.api.streaming import (
     encode_sse,
 )
 
-__all__ = ["build_app", "load_rules", "load_replay", "ScriptError", "StreamLog", "main"]
+__all__ = ["build_app", "load_rules", "load_replay", "ScriptError", "StreamLog", "HangLog", "main"]
 
 _ids = itertools.count(1)
 
@@ -181,7 +196,7 @@ _MATCH_KEYS = frozenset(
 )
 _REPLY_KEYS = frozenset(
     {"output", "usage", "incomplete_details", "finish_reason", "response", "status", "body", "error_message",
-     "latency_ms", "chunk_delay_ms", "pause_after_chunks", "break_after_chunks"}
+     "latency_ms", "chunk_delay_ms", "pause_after_chunks", "break_after_chunks", "hang"}
 )
 _RULE_KEYS = _REPLY_KEYS | {"name", "match", "times", "replies"}
 _GENERATED_TYPES = frozenset({"function_call", "reasoning"})
@@ -600,16 +615,24 @@ def _response_object(n: int, body: dict, output: list, **fields: Any) -> dict:
     }
 
 
-def _chat_completion(n: int, body: dict, message: dict, finish: str, usage: Any) -> dict:
+def _made_up_token(k: int, varied: bool) -> tuple[int, float]:
+    """The id and log prob of made-up generated token k (`varied_token_values`: as long in JSON as a real one's)."""
+    if varied:
+        return 1000 + (k * 7919) % 150_000, -((k % 97) + 1) / 97.0
+    return 1000 + k, -0.5
+
+
+def _chat_completion(n: int, body: dict, message: dict, finish: str, usage: Any, varied: bool = False) -> dict:
     """The Chat Completion of reply `n` to request `body`: one choice with `message` (and, when the request asks
     for `logprobs`, one made-up token per word of the content: `token_id:<1000 + k>` with vLLM's
-    `return_tokens_as_token_ids`, else the word; logprob `-0.5`)."""
+    `return_tokens_as_token_ids`, else the word; logprob `-0.5`; `varied`: see `_made_up_token`)."""
     logprobs = None
     if body.get("logprobs"):
         as_ids = bool(body.get("return_tokens_as_token_ids"))
+        tokens = (_made_up_token(k, varied) for k in itertools.count())
         logprobs = {"content": [
-            {"token": f"token_id:{1000 + k}" if as_ids else word, "logprob": -0.5, "bytes": None, "top_logprobs": []}
-            for k, word in enumerate(_words(message.get("content") or ""))
+            {"token": f"token_id:{tid}" if as_ids else word, "logprob": lp, "bytes": None, "top_logprobs": []}
+            for word, (tid, lp) in zip(_words(message.get("content") or ""), tokens)
         ]}
     return {
         "id": f"chatcmpl-{n}",
@@ -752,6 +775,38 @@ class _EventStream:
         self.log.update(self.record, state="completed")
 
 
+class HangLog:
+    """The calls answered by a `hang` reply (`app.state.hangs`): one dict per call with `n` (its number), `endpoint`,
+    `rule` and `state` (`waiting`, then `client_gone`). Thread-safe."""
+
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+        self._lock = threading.Lock()
+
+    def add(self, endpoint: str, rule: Optional[str]) -> dict:
+        with self._lock:
+            record = {"n": len(self.records) + 1, "endpoint": endpoint, "rule": rule, "state": "waiting"}
+            self.records.append(record)
+        return record
+
+    def snapshot(self) -> list[dict]:
+        with self._lock:
+            return [dict(record) for record in self.records]
+
+
+class _HangingReply:
+    """An ASGI response that never answers: it waits until the client goes away, then records that."""
+
+    def __init__(self, log: HangLog, record: dict) -> None:
+        self.log, self.record = log, record
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        await _disconnected(receive)
+        self.record["state"] = "client_gone"
+        print(f"fake backend: the client of hung call {self.record['n']} (rule {self.record['rule']!r}) went away",
+              flush=True)
+
+
 class _BrokenStream(RuntimeError):
     """Raised mid-response so that the HTTP server drops the connection (`break_after_chunks`)."""
 
@@ -794,15 +849,19 @@ def build_app(
     refuse_token_prompts: bool = False,
     chat_prompt_token_ids: bool = False,
     message_token_bundle: bool = False,
+    prompt_token_count: Optional[int] = None,
+    varied_token_values: bool = False,
 ) -> Starlette:
     """The ASGI app. `script` / `replay`: a path or the already-parsed list (see the module docstring).
     `chunk_delay_ms`: the delay between two streamed events (a reply's own `chunk_delay_ms` wins).
     `answer_streams_whole`: answer `"stream": true` with the whole JSON answer (a backend that does not stream).
     `chat_prompt_token_ids`: `/v1/chat/completions` asked with `return_token_ids` answers with the prompt's ids
     as vLLM >= 0.10.2 does; `message_token_bundle`: chat completions asked for `logprobs` carry NeMo RL's token bundle
-    on the message instead of the logprobs (see the module docstring)."""
+    on the message instead of the logprobs (see the module docstring); `prompt_token_count`, `varied_token_values`:
+    training-sized token payloads (module docstring)."""
     delay = latency_ms / 1000.0
     streams = StreamLog()
+    hangs = HangLog()
     rules = load_rules(script) + load_replay(replay)
     scripted = _Script(rules) if (script is not None or replay is not None) else None
 
@@ -820,6 +879,8 @@ def build_app(
         extra_delay = reply.get("latency_ms")
         if extra_delay:
             await asyncio.sleep(float(extra_delay) / 1000.0)
+        if reply.get("hang"):
+            return _HangingReply(hangs, hangs.add(view.endpoint, rule.name))  # type: ignore[return-value]
         status = reply.get("status")
         if status is not None:
             error = reply.get("body")
@@ -836,7 +897,8 @@ def build_app(
             if finish is None:
                 reason = incomplete.get("reason") if isinstance(incomplete, dict) else None
                 finish = "length" if reason == "max_output_tokens" else ("tool_calls" if has_calls else "stop")
-            completion = with_engine_ids(body, _chat_completion(n, body, message, finish, _to_chat_usage(usage)))
+            completion = with_engine_ids(
+                body, _chat_completion(n, body, message, finish, _to_chat_usage(usage), varied_token_values))
             return _json(completion, headers=headers)
         state = "incomplete" if incomplete else "completed"
         response = _response_object(n, body, output, status=state, incomplete_details=incomplete, usage=usage)
@@ -846,7 +908,7 @@ def build_app(
 
     def streamed(view: _View, answer: Response, reply: Optional[dict]) -> Any:
         """`answer` (a whole chat completion or Response) as the endpoint's event stream."""
-        if answer.status_code != 200:
+        if not isinstance(answer, Response) or answer.status_code != 200:  # an error, or a hung call
             return answer
         if answer_streams_whole:
             streams.update(streams.add(view.endpoint, answer.headers.get("x-fake-rule")), state="whole")
@@ -948,7 +1010,8 @@ def build_app(
             last_user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
             message = {"role": "assistant", "content": reply_prefix + _text_of(last_user.get("content"))}
             finish = "stop"
-        completion = _chat_completion(n, body, message, finish, _to_chat_usage(_usage_responses(10, 5)))
+        completion = _chat_completion(n, body, message, finish, _to_chat_usage(_usage_responses(10, 5)),
+                                      varied_token_values)
         return _json(with_engine_ids(body, completion))
 
     def with_engine_ids(body: dict, completion: dict) -> dict:
@@ -956,17 +1019,18 @@ def build_app(
         top-level `prompt_token_ids`, and each choice's logprob token ids as its `token_ids`. `message_token_bundle`
         and a request with `logprobs`: NeMo RL's bundle on each choice's message, its logprobs list dropped."""
         if message_token_bundle and body.get("logprobs"):
-            prompt_ids = _made_up_prompt_ids(body.get("messages") or [])
+            prompt_ids = _made_up_prompt_ids(body.get("messages") or [], prompt_token_count)
             for choice in completion.get("choices") or ():
                 content = (choice.get("logprobs") or {}).get("content") or ()
                 choice["message"].update(prompt_token_ids=prompt_ids,
-                                         generation_token_ids=[1000 + k for k in range(len(content))],
+                                         generation_token_ids=[_made_up_token(k, varied_token_values)[0]
+                                                               for k in range(len(content))],
                                          generation_log_probs=[entry["logprob"] for entry in content])
         if chat_prompt_token_ids and body.get("return_token_ids"):
-            completion["prompt_token_ids"] = _made_up_prompt_ids(body.get("messages") or [])
+            completion["prompt_token_ids"] = _made_up_prompt_ids(body.get("messages") or [], prompt_token_count)
             for choice in completion.get("choices") or ():
                 content = (choice.get("logprobs") or {}).get("content") or ()
-                choice["token_ids"] = [1000 + k for k in range(len(content))]
+                choice["token_ids"] = [_made_up_token(k, varied_token_values)[0] for k in range(len(content))]
         if message_token_bundle and body.get("logprobs"):
             for choice in completion.get("choices") or ():
                 choice["logprobs"] = None
@@ -978,14 +1042,17 @@ def build_app(
     async def health(request: Request) -> Response:
         return _json({"status": "ok"})
 
+    async def hang_records(request: Request) -> Response:
+        return _json(hangs.snapshot())
+
     tokenize_requests: list[dict] = []
 
     async def tokenize(request: Request) -> Response:
         """vLLM's `/tokenize` (training mode's prompt token ids), made up: token `100 + k` for message k."""
         body = orjson.loads(await request.body())
         tokenize_requests.append(body)
-        tokens = _made_up_prompt_ids(body.get("messages") or [])
-        return _json({"tokens": tokens, "count": len(tokens), "max_model_len": 4096})
+        tokens = _made_up_prompt_ids(body.get("messages") or [], prompt_token_count)
+        return _json({"tokens": tokens, "count": len(tokens), "max_model_len": max(4096, len(tokens))})
 
     completion_log: list[dict] = []
     tokenizer = _completions_tokenizer(completions_tokenizer) if completions_tokenizer is not None else None
@@ -1066,9 +1133,11 @@ def build_app(
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/fake/hangs", hang_records, methods=["GET"]),
         ]
     )
     app.state.streams = streams
+    app.state.hangs = hangs
     app.state.completions = completion_log
     app.state.tokenize_requests = tokenize_requests
     return app
@@ -1077,8 +1146,9 @@ def build_app(
 _BUNDLE_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 
 
-def _made_up_prompt_ids(messages: list) -> list[int]:
-    return [100 + k for k in range(len(messages))]
+def _made_up_prompt_ids(messages: list, count: Optional[int] = None) -> list[int]:
+    """`100 + k` for message k, or `count` ids (`prompt_token_count`) whatever the messages."""
+    return [100 + k for k in range(len(messages) if count is None else count)]
 
 
 _CHATML_TURN = re.compile(r"<\|im_start\|>([^\n]*)\n(.*?)(?:<\|im_end\|>|$)", re.DOTALL)
@@ -1128,6 +1198,10 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help="chat completions asked with return_token_ids carry prompt_token_ids (vLLM >= 0.10.2)")
     parser.add_argument("--message-token-bundle", action="store_true",
                         help="chat completions asked for logprobs carry NeMo RL's token bundle on the message")
+    parser.add_argument("--prompt-token-count", type=int, default=None,
+                        help="made-up prompt ids: this many, instead of one per message (benchmarks)")
+    parser.add_argument("--varied-token-values", action="store_true",
+                        help="made-up generated ids and log probs as long in JSON as a real engine's (benchmarks)")
     parser.add_argument("--no-stream", action="store_true",
                         help="answer `stream: true` with the whole JSON answer (a backend that does not stream)")
     args = parser.parse_args(argv)
@@ -1144,6 +1218,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             refuse_token_prompts=args.refuse_token_prompts,
             chat_prompt_token_ids=args.chat_prompt_token_ids,
             message_token_bundle=args.message_token_bundle,
+            prompt_token_count=args.prompt_token_count,
+            varied_token_values=args.varied_token_values,
         )
     except (ScriptError, OSError) as exc:
         raise SystemExit(f"fake_openai_server: {exc}") from None
