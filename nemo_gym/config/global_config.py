@@ -92,6 +92,7 @@ __all__ = [
     "SECRET_MASK",
     "is_secret_key",
     "mask_secrets",
+    "mask_url_credentials",
     "head_server_deps",
     "running_python_version",
     "parse_global_config",
@@ -211,20 +212,65 @@ _register_resolvers()
 # --------------------------------------------------------------------------------------------------
 
 SECRET_MASK = "****"
-_SECRET_SUFFIXES = {"key", "token", "secret", "password", "passwd"}
-_KEY_SPLIT_RE = re.compile(r"[_\-.]")
+# The last word of a key name that makes its value secret (`api_key`, `apiKey`, `Authorization`, `db-password`).
+_SECRET_WORDS = {
+    "key", "apikey", "token", "secret", "secrets", "password", "passwords", "passwd", "passphrase", "passphrases",
+    "credential", "credentials", "authorization", "cookie",
+}
+# `keys` and `tokens` name lists and counts as often as credentials (`sort_keys`, `max_output_tokens`): secret only
+# after a word that says they are credentials (`api_keys`, `accessTokens`).
+_PLURALS_NEEDING_QUALIFIER = {"keys", "tokens", "apikeys"}
+_CREDENTIAL_QUALIFIERS = {"api", "access", "auth", "bearer", "refresh", "secret", "private", "ssh", "signing", "client"}
+# Tokenizer settings end in `token` but hold a vocabulary item, not a credential (`eos_token: </s>`).
+_TOKENIZER_TOKEN_WORDS = {"eos", "bos", "pad", "unk", "sep", "cls", "mask", "stop", "start", "end", "special"}
+_KEY_SPLIT_RE = re.compile(r"[_\-.\s]+")
+_CAMEL_BOUNDARY_RE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")  # apiKey, APIKey -> api Key
+# `scheme://userinfo@`: userinfo runs to the last `@` before the path, so a password holding `@` is masked whole.
+_URL_USERINFO_RE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#\s]+)@")
+
+
+def _key_words(name: str) -> list[str]:
+    """`openaiApiKey` / `OPENAI-API-KEY` / `openai_api_key` -> ["openai", "api", "key"]."""
+    return [word for word in _KEY_SPLIT_RE.split(_CAMEL_BOUNDARY_RE.sub("_", name).lower()) if word]
 
 
 def is_secret_key(name: Any) -> bool:
-    """A key is secret when its last `_`/`-`/`.`-separated word is key, token, secret, password or
-    passwd: `api_key`, `hf_token` are; `max_output_tokens`, `key_count` are not."""
+    """A key is secret when the last word of its name (split on `_`, `-`, `.` and camelCase) is key, apikey, token,
+    secret(s), password(s), passwd, passphrase(s), credential(s), authorization or cookie: `api_key`, `apiKey`,
+    `hf_token`, `Authorization`, `credentials` are. The plurals `keys` / `tokens` only after api, access, auth,
+    ...: `api_keys` is, `max_output_tokens`, `sort_keys` are not; nor are `key_count` or `eos_token`."""
     if not isinstance(name, str) or not name:
         return False
-    return _KEY_SPLIT_RE.split(name.lower())[-1] in _SECRET_SUFFIXES
+    words = _key_words(name)
+    if not words:
+        return False
+    last, before = words[-1], (words[-2] if len(words) > 1 else "")
+    if last in _PLURALS_NEEDING_QUALIFIER:
+        return last == "apikeys" or before in _CREDENTIAL_QUALIFIERS
+    if last == "token" and before in _TOKENIZER_TOKEN_WORDS:
+        return False
+    return last in _SECRET_WORDS
+
+
+def mask_url_credentials(text: str) -> str:
+    """`https://user:pass@host/path` -> `https://user:****@host/path` (a bare `token@` becomes `****@`), for every
+    URL in `text`; host and path stay readable. Userinfo made of `${...}` is left alone: unresolved, it holds no
+    secret, and masking it would break the interpolation."""
+
+    def masked(match: re.Match) -> str:
+        userinfo = match.group("userinfo")
+        if "${" in userinfo:
+            return match.group(0)
+        user, colon, _ = userinfo.partition(":")
+        return f"{match.group('scheme')}{user}:{SECRET_MASK}@" if colon else f"{match.group('scheme')}{SECRET_MASK}@"
+
+    return _URL_USERINFO_RE.sub(masked, text) if "@" in text else text
 
 
 def mask_secrets(obj: Any) -> Any:
-    """Deep copy of `obj` (dict/list/DictConfig/ListConfig) with secret values replaced by `****`.
+    """Deep copy of `obj` (dict/list/DictConfig/ListConfig) with secret values replaced by `****`: values under a
+    secret key (every leaf of a mapping or list under one: `credentials: {user: ..., id: ...}`, `api_keys: [...]`)
+    and the password of every URL in a string value.
 
     DictConfig input gives a DictConfig back (interpolations kept); plain input gives plain output."""
     if isinstance(obj, (DictConfig, ListConfig)):
@@ -233,17 +279,15 @@ def mask_secrets(obj: Any) -> Any:
     return _mask(obj)
 
 
-def _mask(obj: Any) -> Any:
+def _mask(obj: Any, secret: bool = False) -> Any:
     if isinstance(obj, Mapping):
-        out = {}
-        for key, value in obj.items():
-            if is_secret_key(key) and value is not None and not isinstance(value, (Mapping, list, tuple)):
-                out[key] = SECRET_MASK
-            else:
-                out[key] = _mask(value)
-        return out
+        return {key: _mask(value, secret or is_secret_key(key)) for key, value in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_mask(item) for item in obj]
+        return [_mask(item, secret) for item in obj]
+    if secret and obj is not None and not isinstance(obj, bool):  # `use_api_key: true` hides nothing
+        return SECRET_MASK
+    if isinstance(obj, str):
+        return mask_url_credentials(obj)
     return copy.deepcopy(obj)
 
 

@@ -568,10 +568,140 @@ def test_missing_env_var_in_dump(monkeypatch):
         ("tokenizer", False),
         ("monkey", False),
         ("top_k", False),
+        # issue 37: header names, camelCase, plurals of credentials
+        ("Authorization", True),
+        ("Proxy-Authorization", True),
+        ("X-Api-Key", True),
+        ("apiKey", True),
+        ("APIKey", True),
+        ("openaiApiKey", True),
+        ("api_keys", True),
+        ("apiKeys", True),
+        ("apikeys", True),
+        ("access_tokens", True),
+        ("credentials", True),
+        ("credential", True),
+        ("aws_credentials", True),
+        ("passphrase", True),
+        ("sshPassphrase", True),
+        ("passwords", True),
+        ("client_secrets", True),
+        ("session_token", True),
+        ("Cookie", True),
+        ("maxOutputTokens", False),
+        ("max_tokens", False),
+        ("num_tokens", False),
+        ("special_tokens", False),
+        ("sort_keys", False),
+        ("required_keys", False),
+        ("eos_token", False),
+        ("pad_token", False),
+        ("passage", False),
+        ("authorization_url", False),
     ],
 )
 def test_is_secret_key(key, secret):
     assert is_secret_key(key) is secret
+
+
+@pytest.mark.parametrize(
+    "value, masked",
+    [
+        ("http://user:pass@host:8000/v1", "http://user:****@host:8000/v1"),
+        ("https://ghp_tok@github.com/o/r.git", "https://****@github.com/o/r.git"),
+        ("postgres://u:p@ss@db:5432/x?sslmode=require", "postgres://u:****@db:5432/x?sslmode=require"),
+        ("redis://:hunter2@cache:6379/0", "redis://:****@cache:6379/0"),
+        ("--upstream http://a:b@h/x --other http://h2/y", "--upstream http://a:****@h/x --other http://h2/y"),
+        ("http://host/path@not-userinfo", "http://host/path@not-userinfo"),
+        ("http://host/?email=a@b.c", "http://host/?email=a@b.c"),
+        ("name@example.com", "name@example.com"),
+        ("http://${oc.env:U}:${oc.env:P}@h/v1", "http://${oc.env:U}:${oc.env:P}@h/v1"),  # unresolved: no secret
+    ],
+)
+def test_url_passwords_are_masked_host_and_path_kept(value, masked):
+    assert mask_secrets({"some_url": value}) == {"some_url": masked}
+
+
+def test_everything_under_a_secret_key_is_masked():
+    data = {
+        "credentials": {"aws_access_key_id": "AKIA", "region": "x", "nested": [{"anything": "s"}]},
+        "api_keys": ["sk-1", "sk-2"],
+        "headers": {"Authorization": "Bearer sk-3", "Accept": "application/json"},
+        "ssh": {"passphrase": "open sesame", "port": 22},
+        "use_api_key": True,  # a boolean hides nothing
+        "api_key": None,
+        "max_output_tokens": 64,
+        "special_tokens": ["<s>", "</s>"],
+    }
+    assert mask_secrets(data) == {
+        "credentials": {"aws_access_key_id": "****", "region": "****", "nested": [{"anything": "****"}]},
+        "api_keys": ["****", "****"],
+        "headers": {"Authorization": "****", "Accept": "application/json"},
+        "ssh": {"passphrase": "****", "port": 22},
+        "use_api_key": True,
+        "api_key": None,
+        "max_output_tokens": 64,
+        "special_tokens": ["<s>", "</s>"],
+    }
+
+
+SECRETS_CONFIG = """
+extra_headers:
+  Authorization: Bearer sk-auth
+  X-Api-Key: sk-xapi
+upstream:
+  apiKey: sk-camel
+  api_keys: [sk-list-1, sk-list-2]
+  credentials: {user: alice, secret_value: sk-cred}
+  passphrase: sk-phrase
+  base_url: http://alice:sk-url@llm.internal:8000/v1
+  max_output_tokens: 77
+"""
+SECRET_VALUES = ["sk-auth", "sk-xapi", "sk-camel", "sk-list-1", "sk-list-2", "sk-cred", "sk-phrase", "sk-url", "alice"]
+
+
+def _dump_args() -> list[str]:
+    stack()
+    write("secrets.yaml", SECRETS_CONFIG)
+    return ["+config_paths=[stack.yaml,secrets.yaml]", "+policy_base_url=http://x", "+policy_api_key=sk-policy",
+            "+policy_model_name=m"]
+
+
+def test_ng_dump_config_masks_every_shape(capsys):
+    from nemo_gym.cli import find_command
+
+    assert find_command("dump_config").main(_dump_args()) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    for value in [*SECRET_VALUES, "sk-policy"]:
+        assert value not in out.replace("alice:****", ""), value
+    dumped = yaml.safe_load(out)
+    assert dumped["upstream"]["base_url"] == "http://alice:****@llm.internal:8000/v1"
+    assert dumped["upstream"]["max_output_tokens"] == 77
+
+
+def test_head_server_config_endpoint_masks_and_keeps_addresses():
+    """`/global_config_dict_yaml` is read by clients (ServerClient, ng_status, trainers) for servers' addresses and
+    limits, never for secrets; the servers themselves get the real config from ng_run directly."""
+    import httpx
+
+    from nemo_gym.runtime.launcher import RunHelper
+    from nemo_gym.testing.stack import free_port
+
+    port = free_port()
+    cfg = parse_global_config(_dump_args() + [f"+head_server.port={port}"], allocate_ports=False)
+    helper = RunHelper(cfg)
+    helper.start_head()
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/global_config_dict_yaml?raw=true", timeout=10).text
+    finally:
+        helper.head.stop()
+    for value in [*SECRET_VALUES, "sk-policy"]:
+        assert value not in text.replace("alice:****", ""), value
+    served = yaml.safe_load(text)
+    assert served["upstream"]["base_url"] == "http://alice:****@llm.internal:8000/v1"
+    assert served["head_server"]["port"] == port and served["upstream"]["max_output_tokens"] == 77
+    assert served["my_res"] == plain(cfg)["my_res"]  # server blocks (what clients route by) as they are
+    assert "sk-auth" in OmegaConf.to_yaml(cfg)  # what ng_run hands its servers is not masked
 
 
 def test_mask_secrets_nested():
