@@ -14,6 +14,14 @@ A block with `ray_actor_options` counts as asking for Ray: `ng_run` then also be
 (`connect_driver`) and starts the block's replicas as actors (runtime/ray_actors.py). `LocalCluster` starts a
 multi-node cluster on this machine, on loopback, for tests and benchmarks.
 
+A cluster started here is private to this machine unless the config names a node address (issue 37): its node
+address is loopback, so the GCS, the raylet, the agents, the core workers of every driver and actor listen on
+127.0.0.1 only, and there is no dashboard. Ray turns a loopback `_node_ip_address` into the machine's address
+on Linux unless `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, so that is set in this process's environment, which the
+servers and Ray's processes inherit (they join the cluster on loopback too). `ray_node_ip_address` names another
+address (other machines can then join the cluster; docs/scale-out.md). The session's processes are stopped with
+this process, however it ends, by a reaper (runtime/ray_reaper.py).
+
 `ray` is imported inside functions only.
 """
 
@@ -32,17 +40,22 @@ from nemo_gym.config.values import config_get, is_mapping, truthy
 RAY_ADDRESS_KEY = "ray_head_node_address"
 RAY_FLAG_KEY = "ray"
 RAY_ACTOR_OPTIONS_KEY = "ray_actor_options"
+RAY_NODE_IP_KEY = "ray_node_ip_address"
+
+# Every node of a cluster on one machine on loopback (Ray otherwise uses the machine's network address).
+LOOPBACK_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 # Keys of the global config that are never server blocks (kept local so this module needs no other import).
 _NOT_SERVER_KEYS = frozenset(
     {
         "config_paths", "entrypoint", "default_host", "head_server", "disallowed_ports", "head_server_deps",
         "python_version", "pip_install_verbose", "use_absolute_ip", "uv_pip_set_python", "skip_venv_if_present",
-        "hf_token", RAY_ADDRESS_KEY, "ray_bind_host", "port_range_low", "port_range_high", "dry_run", "uv_cache_dir", "uv_venv_dir",
+        "hf_token", RAY_ADDRESS_KEY, "ray_bind_host", RAY_NODE_IP_KEY, "port_range_low", "port_range_high", "dry_run", "uv_cache_dir", "uv_venv_dir",
     }
 )
 
 _started_here = False  # did this process start the Ray cluster it is connected to?
+_reaper = None  # the reaper of the cluster this process started (runtime/ray_reaper.py)
 _lock = threading.Lock()
 
 
@@ -159,9 +172,39 @@ def _restore_signal_handlers(saved) -> None:
             signal.signal(sig, handler)
 
 
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def local_node_ip(global_config: Any) -> Optional[str]:
+    """The node address a cluster started here gets: `ray_node_ip_address`, or None for loopback."""
+    given = config_get(global_config, RAY_NODE_IP_KEY)
+    return None if not given or is_loopback(str(given)) else str(given)
+
+
+def _on_loopback(ray: Any) -> None:
+    """Make Ray take loopback as this node's address (see the module docstring), here and in every process
+    started from here from now on."""
+    os.environ.update(LOOPBACK_RAY_ENV)
+    try:  # read when ray was imported; this process may have imported it before
+        ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+    except AttributeError:  # pragma: no cover - another Ray layout
+        pass
+
+
 def _start_local(global_config: Any, *, log_to_driver: bool) -> str:
-    """Start a fresh local cluster in this process; return its GCS address."""
-    global _started_here
+    """Start a fresh local cluster in this process, on loopback unless `ray_node_ip_address` says otherwise,
+    with a reaper that stops its processes when this process ends; return its GCS address."""
+    global _started_here, _reaper
+    from nemo_gym.runtime.ray_reaper import children_now, start_reaper
+
     ray = _ray()
     kwargs: dict[str, Any] = {
         "address": "local",  # never pick up RAY_ADDRESS or an unrelated running cluster
@@ -170,6 +213,11 @@ def _start_local(global_config: Any, *, log_to_driver: bool) -> str:
         "log_to_driver": log_to_driver,
         "configure_logging": True,
     }
+    node_ip = local_node_ip(global_config)
+    if node_ip is None:
+        _on_loopback(ray)
+    else:
+        kwargs["_node_ip_address"] = node_ip
     num_cpus = config_get(global_config, "ray_num_cpus")
     if num_cpus is not None:
         kwargs["num_cpus"] = int(num_cpus)
@@ -177,11 +225,13 @@ def _start_local(global_config: Any, *, log_to_driver: bool) -> str:
     if num_gpus is not None:
         kwargs["num_gpus"] = int(num_gpus)
     saved = _keep_signal_handlers()
+    before = children_now()
     try:
         ray.init(**kwargs)
     finally:
         _restore_signal_handlers(saved)
     _started_here = True
+    _reaper = start_reaper(children_now() - before)  # the processes ray.init started: this session's
     return str(ray.get_runtime_context().gcs_address)
 
 
@@ -264,7 +314,7 @@ def disconnect_driver(handle: Optional[RayHandle]) -> None:
 
 def shutdown_ray(handle: Optional[RayHandle]) -> None:
     """Stop the cluster if (and only if) this process started it."""
-    global _started_here
+    global _started_here, _reaper
     if handle is None or not handle.started:
         return
     if ray_is_initialized():
@@ -272,6 +322,10 @@ def shutdown_ray(handle: Optional[RayHandle]) -> None:
 
         ray.shutdown()
     _started_here = False
+    from nemo_gym.runtime.ray_reaper import stop_reaper
+
+    stop_reaper(_reaper)  # whatever ray.shutdown() left behind
+    _reaper = None
 
 
 # ------------------------------------------------------------------------------------------ child side
@@ -333,9 +387,6 @@ def started_ray_here() -> bool:
 
 
 # ------------------------------------------------------------------------------ a multi-node cluster here
-
-# Every node of a cluster on one machine on loopback (Ray otherwise uses the machine's network address).
-LOOPBACK_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 _LOCAL_CLUSTER = """
 import json, sys

@@ -127,11 +127,14 @@ class ServerActor:
 
 def bind_host_for(global_config: Any, joined_cluster: bool) -> str:
     """Where actor servers listen: `ray_bind_host` when set (an address, or `node_ip`); else the node's address
-    when the stack joined a cluster (`ray_head_node_address` given), else loopback (Ray started by ng_run)."""
+    when other machines can be in the cluster (`ray_head_node_address` given, or `ng_run` started it on a
+    `ray_node_ip_address`), else loopback (Ray started by ng_run on loopback)."""
+    from nemo_gym.runtime.ray import local_node_ip
+
     given = global_config.get("ray_bind_host")
     if given:
         return str(given)
-    return NODE_IP if joined_cluster else "127.0.0.1"
+    return NODE_IP if joined_cluster or local_node_ip(global_config) else "127.0.0.1"
 
 
 def actor_options(block: dict, *, max_restarts: int) -> dict[str, Any]:
