@@ -193,7 +193,11 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
     - more than `max_pipelined` requests waiting behind one not yet answered, or more than `max_body` bytes of their
       bodies together, close the connection;
     - a client that reads nothing of an answer for `send_timeout` seconds once the socket is full (writing paused)
-      has its connection dropped, and the app sees a disconnect (a stream stops; its upstream call is closed)."""
+      has its connection dropped, and the app sees a disconnect (a stream stops; its upstream call is closed).
+
+    A client that goes away before its answer is complete (it timed out, was cancelled, crashed) cancels the task
+    answering it (`_abandon`), quietly: the handler's own calls to other servers are cancelled with it and close
+    their connections, so an abandoned rollout ends on every hop instead of running on unseen (issue 37)."""
 
     max_body: ClassVar[Optional[int]] = _LIMITS.max_body
     max_head: ClassVar[Optional[int]] = _LIMITS.max_head
@@ -237,6 +241,7 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         self._timer_period = min(periods)
         self.dropping = False  # closed for too many pipelined requests: the rest of the read is not looked at
         self.send_timer: Optional[asyncio.TimerHandle] = None  # armed while writing is paused (the client not reading)
+        self.work: Optional[_AbandonableApp] = None  # the request uvicorn's cycle answers (`_abandon`)
 
     # -- keep-alive: one timer per idle period (the module docstring) -------------------------------------------
 
@@ -305,6 +310,25 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
             self.send_timer.cancel()
             self.send_timer = None
         super().connection_lost(exc)
+        self._abandon()
+
+    # -- a client gone before its answer: the work for it ends too (the class docstring) ------------------------
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        work = self.work = _AbandonableApp(app, cycle)
+        super()._start_asgi_task(cycle, work)  # type: ignore[misc]
+
+    def _abandon(self) -> None:
+        """Cancel the request being answered on this lost connection, if its answer is not complete."""
+        cycle = self.cycle
+        if type(cycle) is _DirectCycle and not cycle.delegated:
+            task = cycle.task
+            if task is not None and not cycle.response_complete and not task.done():
+                cycle.abandoned = True
+                task.cancel()
+            return
+        if self.work is not None:
+            self.work.abandon()
 
     # -- an answer the client stopped reading (the class docstring) ---------------------------------------------
 
@@ -487,11 +511,40 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
             return
         if type(cycle) is _DirectCycle:
             cycle.more_body = False
-            task = self.loop.create_task(cycle.run())
+            task = cycle.task = self.loop.create_task(cycle.run())
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)
             return
         super().on_message_complete()
+
+
+class _AbandonableApp:
+    """The ASGI app of one request served by uvicorn's cycle (`cycle`), cancelled by `abandon` when the client
+    went away before the answer was complete; that cancellation ends the request quietly (uvicorn would log it as
+    an exception)."""
+
+    __slots__ = ("app", "cycle", "task", "abandoned")
+
+    def __init__(self, app: Any, cycle: Any) -> None:
+        self.app = app
+        self.cycle = cycle
+        self.task: Optional[asyncio.Task] = None
+        self.abandoned = False
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        task = self.task = asyncio.current_task()
+        try:
+            await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if not self.abandoned:
+                raise
+            task.uncancel()  # type: ignore[union-attr]
+
+    def abandon(self) -> None:
+        task = self.task
+        if task is not None and not task.done() and not self.cycle.response_complete:
+            self.abandoned = True
+            task.cancel()
 
 
 class _Signal:
@@ -519,7 +572,7 @@ class _DirectCycle:
 
     __slots__ = (
         "protocol", "scope", "route", "chunks", "more_body", "keep_alive", "response_started", "response_complete",
-        "disconnected", "delegated", "message_event", "body_sent", "size",
+        "disconnected", "delegated", "message_event", "body_sent", "size", "task", "abandoned",
     )
 
     def __init__(self, protocol: NeMoGymHttpProtocol, scope: dict, route: Any, keep_alive: bool) -> None:
@@ -536,6 +589,8 @@ class _DirectCycle:
         self.body_sent = False
         self.size = 0
         self.message_event = _Signal()
+        self.task: Optional[asyncio.Task] = None  # the task answering it (`NeMoGymHttpProtocol._abandon`)
+        self.abandoned = False
 
     def body(self) -> bytes:
         chunks = self.chunks
@@ -547,8 +602,8 @@ class _DirectCycle:
         try:
             await protocol.hot_routes.answer(self.route, self.scope, self.body(), self)  # type: ignore[union-attr]
         except BaseException as exc:
-            if self.delegated:
-                return
+            if self.delegated or (self.abandoned and isinstance(exc, asyncio.CancelledError)):
+                return  # (abandoned: its client went away, nothing to answer)
             protocol.logger.error("Exception in ASGI application\n", exc_info=exc)
             if not self.response_started:
                 self._internal_error()
@@ -638,9 +693,11 @@ class _DirectCycle:
         cycle.body = self.body()  # type: ignore[assignment]
         cycle.more_body = False
         cycle.disconnected = self.disconnected
+        work = _AbandonableApp(app, cycle)
         if protocol.cycle is self:
             protocol.cycle = cycle
-        await cycle.run_asgi(app)
+            protocol.work = work
+        await cycle.run_asgi(work)
 
 
 # The access line of a refused request shows at most this much of its path (a refused head can be a 64 KiB URL).
