@@ -7,7 +7,9 @@ last `output_text` part of the judge's last output item is the verdict. A reply 
 (the judge ran out of tokens while reasoning) or that holds neither label has no verdict (None).
 
 Every call comes back as a `JudgeEvaluation` (what was sent, what came back, the verdict), so verifiers can put
-the calls next to the reward and a score can be audited.
+the calls next to the reward and a score can be audited. A call that fails (HTTP error, unreadable reply, no
+answer within the judge timeout) raises `JudgeError`, and so does a reply without a verdict unless the server's
+`judge_unparseable_verdict` is `zero` (`nemo_gym.verifiers.judge`): `/verify` then answers `judge_failed`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pydantic import BaseModel
 
 from nemo_gym.api.schemas import NeMoGymEasyInputMessage, NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.http.client import ServerClient, get_response_json, raise_for_status
+from nemo_gym.verifiers.judge import bounded_judge_call, judge_timeout_s, no_verdict
 
 __all__ = ["JudgeEvaluation", "verdict_label", "ask_judge"]
 
@@ -64,18 +67,29 @@ async def ask_judge(
     equal_label: str,
     not_equal_label: str,
     semaphore: Optional[asyncio.Semaphore] = None,
+    timeout_s: Optional[float] = None,
+    unparseable_verdict: str = "failure",
 ) -> JudgeEvaluation:
     """One judge call with `prompt` (`base_params` with `input` replaced), bounded by `semaphore` when given.
-    An HTTP failure or an unreadable response raises: the verifier decides what that scores."""
+
+    `JudgeError` when the call fails or takes longer than `timeout_s` (None: `judge_timeout_s(server_client)`;
+    waiting for the semaphore does not count), and when the reply holds neither label unless
+    `unparseable_verdict` is `zero` (then the evaluation's `verdict_label` is None)."""
     messages = []
     if system_message:
         messages.append(NeMoGymEasyInputMessage(role="system", content=system_message))
     messages.append(NeMoGymEasyInputMessage(role="user", content=prompt))
     params = base_params.model_copy(deep=True, update={"input": messages})
 
-    async with semaphore if semaphore is not None else contextlib.nullcontext():
+    async def call() -> NeMoGymResponse:
         sent = await server_client.post(judge_server, "/v1/responses", json=params)
-    await raise_for_status(sent)
-    response = NeMoGymResponse.model_validate(await get_response_json(sent))
+        await raise_for_status(sent)
+        return NeMoGymResponse.model_validate(await get_response_json(sent))
+
+    bound = judge_timeout_s(server_client, timeout_s)
+    async with semaphore if semaphore is not None else contextlib.nullcontext():
+        response = await bounded_judge_call(call(), judge_server, bound)
     label = verdict_label(response, equal_label, not_equal_label)
+    if label is None:
+        no_verdict(unparseable_verdict, judge_server, f"neither {equal_label} nor {not_equal_label}")
     return JudgeEvaluation(responses_create_params=params, response=response, verdict_label=label)

@@ -14,8 +14,10 @@ Options, all in the server config:
 * `check_full_generation_on_fail`: when a row's own regex extracted something the judge rejected, judge the whole
   answer once more; "equal" then scores `reward_if_full_generation_succeeds` (partial credit for a bad format).
 
-Nothing the judge does fails the rollout: a judge error (HTTP failure, unreadable response) scores 0 with
-`judge_error` set, and a reply with neither label counts as "not equal" (`failure_reason: no_verdict`).
+A judge that fails is not a wrong answer: a failed judge call (HTTP failure, unreadable response, no answer within
+`judge_timeout_s`) makes `/verify` answer `judge_failed` (the collector reruns the rollout, then records it in the
+failures file), and so does a reply with neither label unless `judge_unparseable_verdict: zero`, which scores it as
+"not equal" (`failure_reason: no_verdict`, NeMo Gym v0.5's behaviour).
 
 What it teaches: calling another server of the stack from a verifier by its server id (the call itself is
 `nemo_gym/verifiers/llm_judge.py`, shared with math_with_judge), bounding the calls with a semaphore, and recording
@@ -41,6 +43,7 @@ from nemo_gym.base_resources_server import (
 )
 from nemo_gym.config_types import ModelServerRef
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.verifiers.judge import JudgeSettings
 from nemo_gym.verifiers.llm_judge import JudgeEvaluation, ask_judge
 from nemo_gym.verifiers.llm_judge import verdict_label as verdict_of  # this server's name for the verdict reader
 
@@ -78,7 +81,8 @@ answers are equivalent, {not_equal_label} if they are not. Do not write either v
 _PLACEHOLDERS = ("question", "expected_answer", "generated_answer", "equal_label", "not_equal_label")
 
 
-class LLMJudgeResourcesServerConfig(BaseResourcesServerConfig):
+class LLMJudgeResourcesServerConfig(BaseResourcesServerConfig, JudgeSettings):
+    # JudgeSettings: `judge_timeout_s`, `judge_unparseable_verdict` (nemo_gym/verifiers/judge.py).
     judge_model_server: ModelServerRef
     # Base parameters of every judge call (temperature, max_output_tokens, ...); `input` is replaced by the prompt.
     judge_responses_create_params: NeMoGymResponseCreateParamsNonStreaming = Field(
@@ -133,10 +137,10 @@ class LLMJudgeVerifyResponse(LLMJudgeVerifyRequest, BaseVerifyResponse):
     extraction_failed: bool = False  # an answer regex was set and did not match: the whole answer was judged
     judge_evaluations: list[JudgeEvaluation] = Field(default_factory=list)
     # None when the answer was judged equivalent; else `no_answer` (no assistant text: judge not called),
-    # `no_expected_answer` (judge not called), `not_equal`, `no_verdict` (the judge wrote neither label),
-    # `swap_check_failed`, or `judge_error` (see `judge_error`).
+    # `no_expected_answer` (judge not called), `not_equal`, `no_verdict` (the judge wrote neither label;
+    # `judge_unparseable_verdict: zero` only), or `swap_check_failed`.
     failure_reason: Optional[str] = None
-    judge_error: Optional[str] = None
+    judge_error: Optional[str] = None  # always null: a failed judge call is a `judge_failed` answer now
 
 
 # Request fields the response echoes unchanged.
@@ -282,28 +286,26 @@ class LLMJudgeResourcesServer(SimpleResourcesServer):
         if not expected.strip():
             return finish(0.0, "no_expected_answer")
 
-        try:
-            first = await self.judge(question, expected, judged)
-            evaluations.append(first)
-            if first.verdict_label == cfg.judge_equal_label:
-                if not cfg.check_twice_swap or long_expected:
-                    return finish(1.0)
-                swapped = await self.judge(question, judged, expected)
-                evaluations.append(swapped)
-                if swapped.verdict_label == cfg.judge_equal_label:
-                    return finish(1.0)
-                return finish(cfg.reward_if_swap_fails, "swap_check_failed")
+        # A failed judge call raises JudgeError: judge_failsafe around /verify answers judge_failed.
+        first = await self.judge(question, expected, judged)
+        evaluations.append(first)
+        if first.verdict_label == cfg.judge_equal_label:
+            if not cfg.check_twice_swap or long_expected:
+                return finish(1.0)
+            swapped = await self.judge(question, judged, expected)
+            evaluations.append(swapped)
+            if swapped.verdict_label == cfg.judge_equal_label:
+                return finish(1.0)
+            return finish(cfg.reward_if_swap_fails, "swap_check_failed")
 
-            # Not equal. If the row's regex picked out something other than the whole answer, judge the whole.
-            if cfg.check_full_generation_on_fail and row_regex and not long_expected and judged != full_answer:
-                rescue = await self.judge(question, expected, full_answer)
-                evaluations.append(rescue)
-                if rescue.verdict_label == cfg.judge_equal_label:
-                    return finish(cfg.reward_if_full_generation_succeeds)
-            last_label = evaluations[-1].verdict_label
-            return finish(0.0, "no_verdict" if last_label is None else "not_equal")
-        except Exception as exc:  # the judge is another server: its failures must not fail the rollout
-            return finish(0.0, "judge_error", judge_error=f"{type(exc).__name__}: {exc}")
+        # Not equal. If the row's regex picked out something other than the whole answer, judge the whole.
+        if cfg.check_full_generation_on_fail and row_regex and not long_expected and judged != full_answer:
+            rescue = await self.judge(question, expected, full_answer)
+            evaluations.append(rescue)
+            if rescue.verdict_label == cfg.judge_equal_label:
+                return finish(cfg.reward_if_full_generation_succeeds)
+        last_label = evaluations[-1].verdict_label
+        return finish(0.0, "no_verdict" if last_label is None else "not_equal")
 
     async def judge(self, question: str, expected_answer: str, generated_answer: str) -> JudgeEvaluation:
         """One judge call; `expected_answer` is shown as answer A and `generated_answer` as answer B."""
@@ -324,6 +326,8 @@ class LLMJudgeResourcesServer(SimpleResourcesServer):
             equal_label=cfg.judge_equal_label,
             not_equal_label=cfg.judge_not_equal_label,
             semaphore=self._semaphore,
+            timeout_s=cfg.judge_timeout_s,
+            unparseable_verdict=cfg.judge_unparseable_verdict,
         )
 
 

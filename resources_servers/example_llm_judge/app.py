@@ -13,8 +13,10 @@ What it teaches, the v0.5 way of calling a judge:
 * A `JudgeError` is not a wrong answer. `SimpleResourcesServer` wraps `/verify` in `judge_failsafe`, which turns it
   into an HTTP 200 answer with `reward: 0.0`, `_ng_failure_class: "judge_failed"` and the error message, so the
   rollout is recorded as failed and retryable instead of as a zero score. Nothing here catches it.
-* A judge that answers but gives no readable verdict *is* scored: 0 (`judge_verdict: null`). Only an empty judge
-  reply counts as a failed call (`JudgeError("empty judge response")`), since it carries no judgement at all.
+* A judge that answers without a readable verdict has not judged the answer: by default that is a judge failure
+  too (`judge_unparseable_verdict: failure`); `zero` scores it 0 (`judge_verdict: null`), as NeMo Gym v0.5 did.
+  An empty judge reply is always a failed call (`JudgeError("empty judge response")`).
+* A judge call that takes longer than `judge_timeout_s` (default: the global key, else 300 s) is a failed call.
 * The verify depends on nothing but its request (and the judge), so the config class declares
   `REVERIFY_MODE = STATELESS`: `ng reverify` may re-judge stored rollouts.
 """
@@ -37,6 +39,7 @@ from nemo_gym.base_resources_server import (
 )
 from nemo_gym.config_types import ModelServerRef
 from nemo_gym.judge import JudgeError, call_judge
+from nemo_gym.verifiers.judge import JudgeSettings, no_verdict
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 
 # Placeholders: {question}, {expected_answer}, {model_answer}. Literal braces are doubled, as in `str.format`.
@@ -65,7 +68,8 @@ VERDICT_PATTERN = re.compile(r"(?<![a-z])VERDICT[*_]*\s*:[\s*_]*(CORRECT|INCORRE
 Verdict = Literal["correct", "incorrect"]
 
 
-class ExampleLLMJudgeResourcesServerConfig(BaseResourcesServerConfig):
+class ExampleLLMJudgeResourcesServerConfig(BaseResourcesServerConfig, JudgeSettings):
+    # JudgeSettings: `judge_timeout_s`, `judge_unparseable_verdict` (nemo_gym/verifiers/judge.py).
     # Verify reads only its request (and asks the judge): stored rollouts can be re-judged.
     REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.STATELESS
 
@@ -126,6 +130,9 @@ class ExampleLLMJudgeResourcesServer(SimpleResourcesServer):
 
         judge_text = await self.ask_judge(body.question, body.expected_answer, model_answer)
         verdict = read_verdict(judge_text)
+        if verdict is None:
+            no_verdict(self.config.judge_unparseable_verdict, self.config.judge_model_server.name,
+                       'no "VERDICT: CORRECT" or "VERDICT: INCORRECT" line')
         return ExampleLLMJudgeVerifyResponse(
             **body.model_dump(),
             reward=1.0 if verdict == "correct" else 0.0,
@@ -152,6 +159,7 @@ class ExampleLLMJudgeResourcesServer(SimpleResourcesServer):
             url_path="/v1/responses",
             json=self.judge_request(question, expected_answer, model_answer),
             response_model=NeMoGymResponse,
+            timeout_s=self.config.judge_timeout_s,
         )
         judge_text = "\n".join(reply.assistant_texts()).strip()
         if not judge_text:

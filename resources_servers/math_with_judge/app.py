@@ -9,7 +9,9 @@ There are no tools: the model answers in text and `verify` grades it in two stag
 2. **Judge** (only when `should_use_judge` is true and the library said "not equal"): a judge model compares the
    expected answer and the model's text with a prompt that ends in `[[A=B]]` or `[[A!=B]]`. If it says equal, it
    is asked again with the two answers swapped (a judge that favours one position is caught); reward 1.0 only if
-   both calls say equal.
+   both calls say equal. A judge that fails (HTTP error, unreadable reply, no answer within `judge_timeout_s`, or a
+   reply with neither label unless `judge_unparseable_verdict: zero`) is not a wrong answer: `/verify` answers
+   `judge_failed` (rerun by the collector, then recorded in the failures file), as NeMo Gym v0.5's server does.
 
 What it teaches: using the real library built for the job, running it where a pathological input cannot hang the
 server (a worker process with a hard time limit, see `nemo_gym/isolation/worker_pool.py`), and calling another server of the stack
@@ -34,6 +36,7 @@ from nemo_gym.config_types import ModelServerRef
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.isolation.worker_pool import WorkerPool, WorkerTimeout
 from nemo_gym.verifiers import llm_judge
+from nemo_gym.verifiers.judge import JudgeSettings
 from nemo_gym.verifiers.llm_judge import JudgeEvaluation
 
 from resources_servers.math_with_judge.grading import grade_with_math_verify
@@ -76,7 +79,8 @@ the two results are equal, [[A!=B]] if they are different. Write no other verdic
 """
 
 
-class MathWithJudgeResourcesServerConfig(BaseResourcesServerConfig):
+class MathWithJudgeResourcesServerConfig(BaseResourcesServerConfig, JudgeSettings):
+    # JudgeSettings: `judge_timeout_s`, `judge_unparseable_verdict` (nemo_gym/verifiers/judge.py).
     judge_model_server: ModelServerRef
     # Base parameters of every judge call (model settings such as temperature, max_output_tokens); `input` is
     # replaced by the judge prompt.
@@ -106,7 +110,7 @@ class MathWithJudgeVerifyResponse(MathWithJudgeVerifyRequest, BaseVerifyResponse
     judge_evaluations: Optional[list[JudgeEvaluation]] = None  # None when the judge was not asked
     math_verify_timed_out: bool = False
     math_verify_error: Optional[str] = None  # why math-verify gave no result (timeout, unreadable expected answer)
-    judge_error: Optional[str] = None  # a judge call failed (HTTP error, unreadable response); reward stays 0
+    judge_error: Optional[str] = None  # always null: a failed judge call is a `judge_failed` answer now
 
 
 # ------------------------------------------------------------------------------------------------------ text
@@ -170,11 +174,8 @@ class MathWithJudgeResourcesServer(SimpleResourcesServer):
         reward = library_reward
         if self.config.should_use_judge and library_reward <= 0.5 and text.strip():
             evaluations: list[JudgeEvaluation] = []
-            try:
-                reward = await self.judge_twice(body.question or "", body.expected_answer, text, evaluations)
-            except Exception as exc:  # the judge is another server: its failures must not fail the rollout
-                reward = library_reward
-                fields["judge_error"] = f"{type(exc).__name__}: {exc}"
+            # A failed judge call raises JudgeError: judge_failsafe around /verify answers judge_failed.
+            reward = await self.judge_twice(body.question or "", body.expected_answer, text, evaluations)
             fields["judge_evaluations"] = evaluations
 
         return MathWithJudgeVerifyResponse(
@@ -202,6 +203,8 @@ class MathWithJudgeResourcesServer(SimpleResourcesServer):
             system_message=self.config.judge_system_message,
             equal_label=EQUAL_LABEL,
             not_equal_label=NOT_EQUAL_LABEL,
+            timeout_s=self.config.judge_timeout_s,
+            unparseable_verdict=self.config.judge_unparseable_verdict,
         )
 
 

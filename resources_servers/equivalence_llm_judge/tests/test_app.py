@@ -5,6 +5,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from nemo_gym.judge import JudgeError
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.testing.judge import FakeJudge
 from nemo_gym.testing.responses import function_call, function_call_output, make_response, message, reasoning
@@ -135,9 +136,19 @@ def test_not_equal():
     assert result.reward == 0.0 and result.failure_reason == "not_equal" and labels(result) == [NEQ]
 
 
-def test_no_verdict_is_not_equal_and_recorded():
-    result = verify("It is Canberra.", judge=FakeJudge("I cannot decide."))
+def test_no_verdict_is_a_judge_error_by_default():
+    with pytest.raises(JudgeError, match=r"holds no verdict \(neither \[\[A=B\]\] nor \[\[A!=B\]\]\)"):
+        verify("It is Canberra.", judge=FakeJudge("I cannot decide."))
+
+
+def test_no_verdict_is_not_equal_and_recorded_with_judge_unparseable_verdict_zero():
+    result = verify("It is Canberra.", judge=FakeJudge("I cannot decide."), config={"judge_unparseable_verdict": "zero"})
     assert result.reward == 0.0 and result.failure_reason == "no_verdict" and labels(result) == [None]
+
+
+def test_no_verdict_on_the_swap_call_is_a_judge_error_by_default():
+    with pytest.raises(JudgeError, match="holds no verdict"):
+        verify("It is Canberra.", judge=FakeJudge(EQ, "hmm"), config={"check_twice_swap": True})
 
 
 def test_first_label_wins():
@@ -306,24 +317,32 @@ def test_long_expected_answer_is_compared_with_the_whole_answer():
         (httpx.ReadTimeout("timed out"), "ReadTimeout"),
     ],
 )
-def test_judge_error_scores_zero_and_is_recorded(failure, message_part):
-    result = verify("It is Canberra.", judge=FakeJudge(failure))
-    assert result.reward == 0.0 and result.failure_reason == "judge_error"
-    assert message_part in result.judge_error and result.judge_evaluations == []
+def test_a_failed_judge_call_is_a_judge_error_not_a_score(failure, message_part):
+    # verify does not catch it: judge_failsafe around /verify answers judge_failed (test_http_verify).
+    with pytest.raises(JudgeError, match=message_part):
+        verify("It is Canberra.", judge=FakeJudge(failure))
 
 
-def test_judge_returning_non_json_is_an_error():
+def test_judge_returning_non_json_is_a_judge_error():
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=b"<html>gateway</html>")
 
-    result = VERIFY("Canberra", server=new_server(handler=handler))
-    assert result.reward == 0.0 and result.failure_reason == "judge_error" and result.judge_error
+    with pytest.raises(JudgeError):
+        VERIFY("Canberra", server=new_server(handler=handler))
 
 
-def test_judge_error_on_the_swap_call_keeps_the_first_evaluation():
-    result = verify("It is Canberra.", judge=FakeJudge(EQ, 503), config={"check_twice_swap": True})
-    assert result.reward == 0.0 and result.failure_reason == "judge_error" and "HTTP 503" in result.judge_error
-    assert labels(result) == [EQ]
+def test_judge_error_on_the_swap_call_is_a_judge_error():
+    with pytest.raises(JudgeError, match="HTTP 503"):
+        verify("It is Canberra.", judge=FakeJudge(EQ, 503), config={"check_twice_swap": True})
+
+
+def test_a_judge_slower_than_judge_timeout_s_is_a_judge_error():
+    async def never_answers(request):
+        await asyncio.sleep(30)
+
+    server = new_server(handler=never_answers, judge_timeout_s=0.2)
+    with pytest.raises(JudgeError, match=r"judge server `judge` gave no answer within 0.2 s \(judge_timeout_s"):
+        VERIFY("Canberra", server=server)
 
 
 # ----------------------------------------------------------------------------------------------- prompt and params
@@ -429,8 +448,9 @@ def test_http_verify():
         ok = client.post("/verify", json=body)
         assert ok.status_code == 200 and ok.json()["reward"] == 1.0
         assert ok.json()["judge_evaluations"][0]["verdict_label"] == EQ
-        failed = client.post("/verify", json=body)  # the judge answers 500: still a normal verify response
-        assert failed.status_code == 200 and failed.json()["failure_reason"] == "judge_error"
+        failed = client.post("/verify", json=body)  # the judge answers 500: a judge_failed answer, not a score
+        assert failed.status_code == 200 and failed.json()["_ng_failure_class"] == "judge_failed"
+        assert "HTTP 500" in failed.json()["_ng_failure_judge_error"]
         assert client.post("/verify", json={"expected_answer": "x"}).status_code == 422
 
 

@@ -39,8 +39,15 @@ JUDGE = [
 ]
 
 
+# The reply without a label (Saturn) is scored "not equal" only with `judge_unparseable_verdict: zero` (v0.5's way);
+# by default it is a judge failure (tests/test_app.py).
+ZERO_FOR_NO_VERDICT = f"++{SERVER_KEY}.judge_unparseable_verdict=zero"
+
+
 def test_examples_end_to_end(tmp_path):
-    rows = collect_examples_e2e("equivalence_llm_judge", tmp_path, script=JUDGE + policy_rules())
+    rows = collect_examples_e2e(
+        "equivalence_llm_judge", tmp_path, script=JUDGE + policy_rules(), extra_overrides=[ZERO_FOR_NO_VERDICT]
+    )
     assert [r["reward"] for r in rows] == [1.0, 1.0, 0.0, 1.0, 0.0]
     assert [r["failure_reason"] for r in rows] == [None, None, "not_equal", None, "no_verdict"]
     assert [len(r["judge_evaluations"]) for r in rows] == [1, 1, 2, 1, 1]
@@ -72,7 +79,9 @@ def test_swap_check_over_http(tmp_path):
         "equivalence_llm_judge",
         tmp_path,
         script=swap + JUDGE + policy_rules(),
-        extra_overrides=[f"++{SERVER_KEY}.check_twice_swap=true", f"++{SERVER_KEY}.reward_if_swap_fails=-1.0"],
+        extra_overrides=[
+            f"++{SERVER_KEY}.check_twice_swap=true", f"++{SERVER_KEY}.reward_if_swap_fails=-1.0", ZERO_FOR_NO_VERDICT
+        ],
     )
     assert [r["reward"] for r in rows] == [1.0, -1.0, 0.0, 1.0, 0.0]
     assert [r["failure_reason"] for r in rows] == [None, "swap_check_failed", "not_equal", None, "no_verdict"]

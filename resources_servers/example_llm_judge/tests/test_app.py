@@ -92,9 +92,27 @@ def test_incorrect_verdict_scores_zero():
     assert result.reward == 0.0 and result.judge_verdict == "incorrect"
 
 
-def test_unreadable_verdict_scores_zero_not_a_judge_error():
-    result = verify("Ottawa.", judge=FakeJudge("Hmm, hard to say."))
+def test_unreadable_verdict_is_a_judge_error_by_default():
+    with pytest.raises(JudgeError, match="holds no verdict.*judge_unparseable_verdict: failure"):
+        verify("Ottawa.", judge=FakeJudge("Hmm, hard to say."))
+
+
+def test_unreadable_verdict_scores_zero_with_judge_unparseable_verdict_zero():
+    result = verify("Ottawa.", judge=FakeJudge("Hmm, hard to say."), config={"judge_unparseable_verdict": "zero"})
     assert result.reward == 0.0 and result.judge_verdict is None and result.judge_text == "Hmm, hard to say."
+
+
+def test_judge_unparseable_verdict_takes_only_failure_or_zero():
+    with pytest.raises(ValueError, match="judge_unparseable_verdict"):
+        new_server(judge_unparseable_verdict="ignore")
+
+
+def test_a_judge_slower_than_judge_timeout_s_is_a_judge_error():
+    async def never_answers(request):
+        await asyncio.sleep(30)
+
+    with pytest.raises(JudgeError, match="judge server `judge` gave no answer within 0.2 s \\(judge_timeout_s"):
+        verify("Ottawa.", judge=FakeJudge(), config={"judge_timeout_s": 0.2, "handler": never_answers})
 
 
 REASONING_ONLY = make_response(reasoning("thinking only")).model_dump(mode="json")
@@ -228,14 +246,10 @@ def test_real_judge_verdict(judge_stack):
     assert "_ng_failure_class" not in data
 
 
-def test_real_judge_without_verdict_scores_zero(judge_stack):
-    data = post_verify(judge_stack, "Maybe Toronto?").json()
-    assert data["reward"] == 0.0 and data["judge_verdict"] is None and "_ng_failure_class" not in data
-
-
 @pytest.mark.parametrize(
     "answer, error_part",
-    [("judge is down", "HTTP 500"), ("judge returns nothing", "empty judge response")],
+    [("judge is down", "HTTP 500"), ("judge returns nothing", "empty judge response"),
+     ("Maybe Toronto?", "holds no verdict")],
 )
 def test_judge_failure_is_a_judge_failed_answer(judge_stack, answer, error_part):
     reply = post_verify(judge_stack, answer)

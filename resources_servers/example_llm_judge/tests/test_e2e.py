@@ -25,9 +25,15 @@ JUDGE = [
 ]
 
 
+# Row 5's judge reply holds no verdict: scored 0 only with `judge_unparseable_verdict: zero` (v0.5's way); by
+# default it is a judge failure (tests/test_app.py).
+ZERO_FOR_NO_VERDICT = "++example_llm_judge.resources_servers.example_llm_judge.judge_unparseable_verdict=zero"
+
+
 def test_examples_end_to_end(tmp_path):
     rows = collect_examples_e2e(
-        "example_llm_judge", tmp_path, script=JUDGE + answer_rules(POLICY, name_prefix="policy: ")
+        "example_llm_judge", tmp_path, script=JUDGE + answer_rules(POLICY, name_prefix="policy: "),
+        extra_overrides=[ZERO_FOR_NO_VERDICT],
     )
     assert [r["reward"] for r in rows] == [1.0, 1.0, 0.0, 1.0, 0.0]
     assert [r["judge_verdict"] for r in rows] == ["correct", "correct", "incorrect", "correct", None]
@@ -46,7 +52,7 @@ def test_a_judge_failure_is_retried_by_the_collector_not_scored(tmp_path):
         "example_llm_judge",
         tmp_path,
         script=[failing_once, *JUDGE, *answer_rules(POLICY, name_prefix="policy: ")],
-        extra_overrides=["++policy_model.responses_api_models.openai_model.max_attempts=1"],
+        extra_overrides=["++policy_model.responses_api_models.openai_model.max_attempts=1", ZERO_FOR_NO_VERDICT],
     )
     assert [r["reward"] for r in rows] == [1.0, 1.0, 0.0, 1.0, 0.0]
     assert rows[0]["judge_verdict"] == "correct"

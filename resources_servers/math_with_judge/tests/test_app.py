@@ -6,6 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from nemo_gym.isolation.worker_pool import WorkerPool
+from nemo_gym.judge import JudgeError
 from nemo_gym.testing.judge import FakeJudge
 from nemo_gym.testing.responses import function_call, function_call_output, make_response, message, reasoning
 from nemo_gym.testing.servers import Verifier, example_rows, make_server
@@ -197,9 +198,14 @@ def test_swap_check_failure(run_verify):
     assert [e.verdict_label for e in result.judge_evaluations] == [EQUAL_LABEL, NOT_EQUAL_LABEL]
 
 
-def test_judge_without_a_verdict_means_not_equal(run_verify):
+def test_judge_without_a_verdict_is_a_judge_error_by_default(run_verify):
+    with pytest.raises(JudgeError, match="holds no verdict"):
+        run_verify(r"\boxed{8}", judge=FakeJudge("They look similar, I suppose."))
+
+
+def test_judge_without_a_verdict_means_not_equal_with_judge_unparseable_verdict_zero(run_verify):
     judge = FakeJudge("They look similar, I suppose.")
-    result = run_verify(r"\boxed{8}", judge=judge)
+    result = run_verify(r"\boxed{8}", judge=judge, judge_unparseable_verdict="zero")
     assert result.reward == 0.0 and result.judge_evaluations[0].verdict_label is None and len(judge.calls) == 1
 
 
@@ -209,10 +215,11 @@ def test_judge_disagreement_between_labels_first_one_wins(run_verify):
     assert result.reward == 0.0 and result.judge_evaluations[0].verdict_label == NOT_EQUAL_LABEL
 
 
-def test_judge_ending_in_reasoning_means_not_equal(run_verify):
+def test_judge_ending_in_reasoning_has_no_verdict(run_verify):
     reasoning_only = make_response(message(EQUAL_LABEL), reasoning()).model_dump(mode="json")
-    judge = FakeJudge(reasoning_only)
-    result = run_verify(r"\boxed{8}", judge=judge)
+    with pytest.raises(JudgeError, match="holds no verdict"):
+        run_verify(r"\boxed{8}", judge=FakeJudge(reasoning_only))
+    result = run_verify(r"\boxed{8}", judge=FakeJudge(reasoning_only), judge_unparseable_verdict="zero")
     assert result.reward == 0.0 and result.judge_evaluations[0].verdict_label is None
 
 
@@ -224,16 +231,24 @@ def test_judge_ending_in_reasoning_means_not_equal(run_verify):
         (httpx.ConnectError("connection refused"), "ConnectError"),
     ],
 )
-def test_judge_error_scores_zero_and_is_recorded(run_verify, failure, message_part):
-    result = run_verify(r"\boxed{8}", judge=FakeJudge(failure))
-    assert result.reward == 0.0 and message_part in result.judge_error
-    assert result.judge_evaluations == []
+def test_a_failed_judge_call_is_a_judge_error_not_a_score(run_verify, failure, message_part):
+    # verify does not catch it: judge_failsafe around /verify answers judge_failed.
+    with pytest.raises(JudgeError, match=message_part):
+        run_verify(r"\boxed{8}", judge=FakeJudge(failure))
 
 
-def test_judge_error_on_the_swap_call_keeps_the_first_evaluation(run_verify):
-    result = run_verify(r"\boxed{8}", judge=FakeJudge(EQUAL_LABEL, 503))
-    assert result.reward == 0.0 and "HTTP 503" in result.judge_error
-    assert [e.verdict_label for e in result.judge_evaluations] == [EQUAL_LABEL]
+def test_judge_error_on_the_swap_call_is_a_judge_error(run_verify):
+    with pytest.raises(JudgeError, match="HTTP 503"):
+        run_verify(r"\boxed{8}", judge=FakeJudge(EQUAL_LABEL, 503))
+
+
+def test_a_failed_judge_call_over_http_is_a_judge_failed_answer(pool):
+    server = new_server(FakeJudge(500))
+    server._pool = pool
+    with TestClient(server.build_app()) as client:
+        answer = client.post("/verify", json=VERIFY.body(r"\boxed{8}", expected_answer="7"))
+    assert answer.status_code == 200 and answer.json()["_ng_failure_class"] == "judge_failed"
+    assert "HTTP 500" in answer.json()["_ng_failure_judge_error"] and answer.json()["reward"] == 0.0
 
 
 def test_empty_output_is_not_sent_to_the_judge(run_verify):
