@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import orjson
 import uvicorn
@@ -20,6 +20,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from nemo_gym import __version__
+from nemo_gym.serving.host_check import HostCheck, HostPolicy, host_policy
 
 
 def _json(data: Any) -> Response:
@@ -31,18 +32,22 @@ class HeadServer:
 
     `config_yaml` is the masked global config. The YAML endpoint answers with a JSON string literal holding
     the YAML text, as NeMo Gym v0.2 does, so clients written for it keep working;
-    `?raw=true` returns the YAML itself.
+    `?raw=true` returns the YAML itself. Requests are held to `hosts` (default: loopback and the address it
+    listens on), as every server's are (`serving/host_check.py`): another site's page must not read the config.
     """
 
-    def __init__(self, config_yaml: str, instances: Callable[[], list[dict[str, Any]]]):
+    def __init__(
+        self, config_yaml: str, instances: Callable[[], list[dict[str, Any]]], hosts: Optional[HostPolicy] = None
+    ):
         self.config_yaml = config_yaml
         self._instances = instances
+        self.hosts = hosts
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.started_at = time.time()
         self.app = self._build_app()
 
-    def _build_app(self) -> Starlette:
+    def _build_app(self) -> Any:
         # Plain Starlette: the head server has four tiny routes, and FastAPI's import would cost `ng_run` ~0.4 s.
         async def global_config_dict_yaml(request: Request) -> Response:
             if request.query_params.get("raw", "").lower() in ("1", "true", "yes"):
@@ -63,7 +68,7 @@ class HeadServer:
         async def liveness(request: Request) -> Response:  # NeMo Gym v0.5's `GET /` on every server
             return _json({"status": "ok"})
 
-        return Starlette(
+        app = Starlette(
             routes=[
                 Route("/global_config_dict_yaml", global_config_dict_yaml, methods=["GET"]),
                 Route("/server_instances", server_instances, methods=["GET"]),
@@ -71,9 +76,12 @@ class HeadServer:
                 Route("/", liveness, methods=["GET"]),
             ]
         )
+        return HostCheck(app, self.hosts if self.hosts is not None else HostPolicy())
 
     def start(self, sock: socket.socket) -> None:
         """Serve on an already-bound listening socket and return once the server accepts requests."""
+        if self.hosts is None:
+            self.app.policy = host_policy(None, sock.getsockname()[0])
         config = uvicorn.Config(
             self.app, log_level="warning", access_log=False, loop="asyncio", http="h11", lifespan="off"
         )

@@ -901,7 +901,8 @@ class _MCPEndpoint:
             app=self.mcp_server,
             json_response=True,
             stateless=True,
-            # Our servers are reached by host:port from other processes; no Host/Origin allow-list.
+            # Host and Origin are checked for every request of the server, /mcp included, before it gets here
+            # (serving/host_check.py: the config's hosts and allowed_hosts, which the SDK's list cannot follow).
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
 

@@ -39,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from nemo_gym.serving.body import read_body, replay_body
+from nemo_gym.serving.host_check import HostPolicy, send_refusal
 from nemo_gym.serving.private_api import request_with_body, route_shape
 
 __all__ = ["HotRoutes", "exception_handler_for"]
@@ -161,10 +162,12 @@ class HotRoutes:
 
     `own_middleware` are the middleware classes the fast path re-creates (with the app's own arguments) around
     every hot call, as are classes that say `hot_routes_compatible = True` (pure ASGI, no per-app state); an app
-    with any other middleware gets no hot routes at all."""
+    with any other middleware gets no hot routes at all. `hosts`, when given, refuses requests that name another
+    host or come from another site's page (`serving/host_check.py`), on both paths."""
 
-    def __init__(self, app: FastAPI, own_middleware: tuple[type, ...]) -> None:
+    def __init__(self, app: FastAPI, own_middleware: tuple[type, ...], hosts: Optional[HostPolicy] = None) -> None:
         self.app = app
+        self.hosts = hosts
         self.routes: dict[str, _HotRoute] = {}
         self.pipeline: Any = None
         self.direct: Optional[_DirectLayers] = None  # our own middleware, when the direct path may do their work
@@ -186,6 +189,14 @@ class HotRoutes:
         self.raw_paths = {path.encode("ascii"): hot for path, hot in self.routes.items() if path.isascii()}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        hosts = self.hosts
+        if hosts is not None and scope["type"] != "lifespan":
+            refused = hosts.refusal(scope["headers"])
+            if refused is not None:
+                if self.direct is not None:
+                    self.direct.errors.log_status(scope, refused[0])
+                await send_refusal(scope, send, refused)
+                return
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
@@ -263,6 +274,13 @@ class HotRoutes:
         (`await asgi(app)`), which is where everything unusual goes: a body that is not valid JSON for the route
         (FastAPI answers), a streamed request, an endpoint's streaming or background `Response`."""
         direct: _DirectLayers = self.direct
+        hosts = self.hosts
+        if hosts is not None:
+            refused = hosts.refusal(scope["headers"])
+            if refused is not None:
+                direct.errors.log_status(scope, refused[0])
+                responder.respond(*refused)
+                return
         if direct.stream is not None and direct.stream.streams(scope["path"], body):
             await responder.asgi(self)
             return

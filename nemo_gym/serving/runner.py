@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.serving.errors import NeMoGymExceptionMiddleware, eprint
 from nemo_gym.serving.body import BodyLimit
+from nemo_gym.serving.host_check import HostCheck, HostPolicy, host_policy
 from nemo_gym.serving.limits import RequestLimits, request_limits
 from nemo_gym.serving.logs import ACCESS_LOGGER_NAME, install_access_log_filter
 from nemo_gym.serving.sessions import SessionCookieMiddleware, export_session_secret_to_env
@@ -80,7 +81,9 @@ def serve(
     """Run uvicorn (uvloop + httptools) on `app` until SIGINT/SIGTERM; returns normally after a graceful stop.
     With `num_workers > 1` uvicorn's supervisor runs that many worker processes, each building the app from
     `server_cls`. Every request is held to `limits` (default: the global config's, `serving/limits.py`): a body
-    or a head over its size is refused before it is read into memory, a head that does not arrive in time too."""
+    or a head over its size is refused before it is read into memory, a head that does not arrive in time too; and
+    one that names a host that is not one of this server's, or comes from another site's page, is refused
+    (`serving/host_check.py`)."""
     import uvicorn
 
     from nemo_gym.config.global_config import NEMO_GYM_LISTEN_FD_ENV_VAR_NAME
@@ -88,6 +91,7 @@ def serve(
     sock = _socket_from_env(NEMO_GYM_LISTEN_FD_ENV_VAR_NAME)
     if limits is None:
         limits = request_limits(global_config_dict)
+    hosts = host_policy(global_config_dict, sock.getsockname()[0] if sock is not None else host)
     healthcheck_timeout = 30
     if global_config_dict is not None:
         try:
@@ -112,7 +116,7 @@ def serve(
     )
 
     if num_workers <= 1:
-        config = uvicorn.Config(serving_app(app, limits.max_body), **common)  # configures logging
+        config = uvicorn.Config(serving_app(app, limits.max_body, hosts), **common)  # configures logging
         install_access_log_filter(show_200_ok)
         if not show_200_ok:
             _access_log_by_middleware()
@@ -128,6 +132,7 @@ def serve(
     if server_cls is None:
         raise ValueError("serve(num_workers > 1) needs server_cls: the workers build the app from it")
     export_worker_env(num_workers, server_cls)
+    hosts.export_to_env()  # read back by `serving_app` in each worker
     export_session_secret_to_env()  # every worker must accept its siblings' cookies
     config = uvicorn.Config(
         WORKER_APP_FACTORY,
@@ -179,15 +184,19 @@ def _private_api_works() -> bool:
     return not problems
 
 
-def serving_app(app: FastAPI, max_body: Optional[int] = None) -> Any:
+def serving_app(app: FastAPI, max_body: Optional[int] = None, hosts: Optional[HostPolicy] = None) -> Any:
     """The ASGI app uvicorn runs for `app`: its plain POST routes answered by `HotRoutes` (set
     `NEMO_GYM_HOT_ROUTES=0` to serve everything through FastAPI and uvicorn's own protocol, e.g. to compare).
-    Without our protocol, which holds bodies to `max_body` itself, `BodyLimit` does."""
+    Without our protocol, which holds bodies to `max_body` itself, `BodyLimit` does. Requests are held to `hosts`
+    (default: what the server process exported to its uvicorn workers; none: every Host passes)."""
+    if hosts is None:
+        hosts = HostPolicy.from_env()
     if not _fast_serving():
-        return app if max_body is None else BodyLimit(app, max_body)
+        served = app if max_body is None else BodyLimit(app, max_body)
+        return served if hosts is None else HostCheck(served, hosts)
     from nemo_gym.serving.hot_routes import HotRoutes
 
-    return HotRoutes(app, own_middleware=(SessionCookieMiddleware, NeMoGymExceptionMiddleware))
+    return HotRoutes(app, own_middleware=(SessionCookieMiddleware, NeMoGymExceptionMiddleware), hosts=hosts)
 
 
 def tune_gc_for_serving(gen0_threshold: int = 100_000) -> None:

@@ -54,7 +54,7 @@ def _raw_post(url: str, path: str, head: bytes, chunks, timeout: float = 60.0) -
     """Send a request by hand (headers, then `chunks`) and read until the server closes or answers whole."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        sock.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n")
+        sock.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n" + head + b"\r\n")
         try:
             for chunk in chunks:
                 sock.sendall(chunk)
@@ -152,7 +152,7 @@ def test_an_endless_header_is_cut_off_without_growing_the_server(stack):
     before = _rss(pid)
     sent = 0
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(b"POST /verify HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+        sock.sendall(b"POST /verify HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Endless: ")
         with pytest.raises(OSError):  # reset or broken pipe: the server closed long before 200 MB went out
             for _ in range(200):
                 sock.sendall(b"h" * (1024 * 1024))
@@ -178,7 +178,7 @@ def test_a_head_that_stops_arriving_is_answered_408_after_the_configured_timeout
     servers, _ = stack
     host, port = _url(servers, "policy_model").removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Le")
+        sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
         answer = read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
     assert b"within 1 s" in answer and b"request_head_timeout_s" in answer
@@ -188,7 +188,7 @@ def test_a_body_that_stops_arriving_is_answered_408_after_the_configured_timeout
     servers, _ = stack
     host, port = _url(servers, "gated_counter_resources_server").removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(b"POST /verify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /verify HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 5000\r\n\r\n{\"responses_create_params\": ")
         answer = read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 408 "), answer[:300]
@@ -202,7 +202,7 @@ def test_pipelining_without_reading_the_answers_does_not_grow_the_server(stack):
     name = "gated_counter_resources_server"
     url, pid = _url(servers, name), servers[name]["pid"]
     host, port = url.removeprefix("http://").split(":")
-    request = (b"POST /seed_session HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    request = (b"POST /seed_session HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                b"Content-Length: 2\r\n\r\n{}")
     before = _rss(pid)
     sent = []
@@ -234,7 +234,7 @@ def test_a_client_that_stops_reading_a_stream_is_dropped_after_the_send_timeout(
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.settimeout(30)
         sock.connect((host, int(port)))
-        sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: "
                      + str(len(body)).encode() + b"\r\n\r\n" + body)
         time.sleep(4)  # reads nothing: the buffers fill, then 1 s without progress
         answer = read_until_closed(sock)  # what was buffered, then the end (a socket timeout fails the test)
