@@ -222,6 +222,8 @@ class GymnasiumServer(SimpleResourcesServer):
             raise RequestValidationError(_body_errors(exc), body=raw) from None
         session_id = request.session[SESSION_ID_KEY]
         episodes = self.episodes
+        for dropped in episodes.idle():  # this session's own game too, when it sat unplayed too long
+            await self._close(dropped)
         episodes.begin_step(session_id)
         ended: Optional[str] = None
         too_large: Optional[HTTPException] = None

@@ -47,6 +47,15 @@ class Episodes:
         self._clock = clock
         self._live: OrderedDict[str, _Game] = OrderedDict()
         self._gone: OrderedDict[str, tuple[int, str]] = OrderedDict()  # session -> (status, why)
+        # The reasons shared by every dropped game (one string each, not one per game).
+        self._idle_why = (
+            f"the server dropped this session's game: it went unplayed for {limits.game_idle_timeout_s:g} s "
+            f"({GAME_IDLE_TIMEOUT_KEY})"
+        )
+        self._room_why = (
+            f"the server dropped this session's game: it holds at most {limits.max_live_games} games "
+            f"({MAX_LIVE_GAMES_KEY}) and this one was the longest unplayed when another /reset needed room"
+        )
 
     def __len__(self) -> int:
         return len(self._live)
@@ -63,11 +72,7 @@ class Episodes:
                 victim = next((sid for sid, g in self._live.items() if not g.busy), None)
                 if victim is None:  # all in flight: over the cap by at most the requests being answered
                     break
-                self._drop(
-                    victim,
-                    f"the server holds at most {self.limits.max_live_games} games ({MAX_LIVE_GAMES_KEY}) and this "
-                    "one was the longest unplayed when another /reset needed room",
-                )
+                self._drop(victim, self._room_why)
                 dropped.append(victim)
         game.steps = 0
         game.busy += 1
@@ -109,21 +114,20 @@ class Episodes:
     def idle(self) -> list[str]:
         """Drop the games unplayed for `game_idle_timeout_s`; returns their sessions, whose state the caller must
         close."""
-        timeout = self.limits.game_idle_timeout_s
-        cutoff = self._clock() - timeout
+        cutoff = self._clock() - self.limits.game_idle_timeout_s
         idle = []
         for session_id, game in self._live.items():
             if game.last_played > cutoff:
-                break  # the rest were played later
+                break  # the rest were played later (a game being played may sit later with an older time: kept)
             if not game.busy:
                 idle.append(session_id)
         for session_id in idle:
-            self._drop(session_id, f"it went unplayed for {timeout:g} s ({GAME_IDLE_TIMEOUT_KEY})")
+            self._drop(session_id, self._idle_why)
         return idle
 
     def _drop(self, session_id: str, why: str) -> None:
         del self._live[session_id]
-        self._remember(session_id, GONE_STATUS, f"the server dropped this session's game: {why}")
+        self._remember(session_id, GONE_STATUS, why)
 
     def _remember(self, session_id: str, status: int, why: str) -> None:
         self._gone[session_id] = (status, why)

@@ -247,6 +247,37 @@ def test_the_api_over_http_and_live_growth(tmp_path):
         assert httpx.get(url + "api/rows", params={"q": "question 0"}).json()["total"] == 3  # the search grew too
 
 
+def test_numbers_the_api_cannot_use_are_422_naming_the_parameter(tmp_path):
+    """NaN or an infinity where a reward is compared, an id beyond SQLite's integers: a 422 naming the parameter,
+    never a 500 (`ng view` as a process, no browser)."""
+    path = tmp_path / "rollouts.jsonl"
+    row = {**task("question", 0, 0), "_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0}
+    path.write_text(json.dumps(row) + "\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api/"
+    big = str(2**64)
+    with ChildProcess(
+        [*NG, "view", str(path), "--no-browser", "--port", str(port)],
+        env={"NEMO_GYM_VIEW_CACHE": str(tmp_path / "cache")},
+        name="ng view",
+    ) as proc:
+        proc.wait_http_ok(url + "status", timeout=60)
+        refused = {
+            "summary?threshold=NaN": "threshold", "summary?threshold=inf": "threshold",
+            "rows?min_reward=nan": "min_reward", "rows?max_reward=-Infinity": "max_reward",
+            f"rollout/0/{big}": "row_id", f"raw/0/{big}": "row_id", f"rollout/{big}/0": "file",
+            f"task/0/{big}": "task", f"rows?task={big}": "task", f"rows?file={big}": "file",
+            f"rows?offset={big}": "offset", f"failures?offset={big}": "offset", "rollout/0/-1": "row_id",
+        }  # fmt: skip
+        for query, parameter in refused.items():
+            answer = httpx.get(url + query)
+            assert answer.status_code == 422, (query, answer.status_code, answer.text, proc.tail())
+            assert [error["loc"][-1] for error in answer.json()["detail"]] == [parameter], (query, answer.text)
+        assert httpx.get(url + "summary", params={"threshold": "0.5"}).status_code == 200  # a number is fine
+        assert httpx.get(url + "rollout/0/999").status_code == 404  # an id that fits but is not there
+        assert "Traceback" not in proc.output
+
+
 def test_viewer_in_a_real_browser(rollouts, viewer, browser, tmp_path):
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
@@ -359,7 +390,7 @@ def test_viewer_in_a_real_browser(rollouts, viewer, browser, tmp_path):
     )
     assert set(origins) <= {viewer.rstrip("/")}, origins
     # A page of another site that points its name at 127.0.0.1 (DNS rebinding) is refused.
-    assert httpx.get(viewer + "api/status", headers={"Host": "attacker.example"}).status_code == 400
+    assert httpx.get(viewer + "api/status", headers={"Host": "attacker.example"}).status_code == 421
     assert httpx.get(viewer + "api/status").status_code == 200
 
     shot = tmp_path / "viewer.png"
