@@ -13,13 +13,19 @@ a glob names, against a running stack. It reads the shards under the rollouts co
 
 Only successful rollouts (the output file) are aggregated: failures, judge failures included, are not scores.
 An agent that cannot aggregate (an old agent without the route, an error in a custom `compute_metrics`) costs
-its entry and a clear message, never the collected rollouts. One request carries all of an agent's rollouts (v0.5's
-contract), so past `aggregation_max_rollouts` (200,000 by default) the collector skips the step and says so,
-instead of holding the whole run in memory; the reward profile is computed in bounded memory at any size.
+its entry and one line naming it and the reason, never the collected rollouts; the command then exits 1, as
+metrics were asked for and are missing.
+
+Scale: the verify responses go in bounded parts (`nemo_gym.rollouts.aggregation_parts`), so no request is over a
+server's body limit however many rollouts there are; the server still hands its `aggregate_metrics` the whole list
+(v0.5's contract). A string over `MAX_STRING_CHARS` (a 40 MB judge transcript) is cut to its start plus its length
+and digest: no metric reads such text, and answers still compare equal exactly when they are equal (majority@k).
+The collector keeps the stripped rows as JSON bytes until they are sent, a few hundred bytes per rollout.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -29,6 +35,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 from pydantic import Field, field_validator
 
 from nemo_gym.config.types import BaseNeMoGymCLIConfig
+from nemo_gym.rollouts.aggregation_parts import AggregationFailed, post_aggregate_metrics
 from nemo_gym.rollouts.jsonl import SKIP_BAD_LINES_HELP, BadLines, iter_jsonl_objects, read_rows
 
 __all__ = [
@@ -38,6 +45,7 @@ __all__ = [
     "load_sorted_rollouts",
     "aggregate_rollouts_from_config",
     "STRIPPED_KEYS",
+    "MAX_STRING_CHARS",
     "TooManyToAggregate",
     "stripped_for_aggregation",
     "read_results_grouped",
@@ -48,11 +56,28 @@ __all__ = [
 ]
 
 STRIPPED_KEYS = ("response", "responses_create_params", "ng_agent_observations", "ng_model_call_capture")
+# Strings longer than this reach /aggregate_metrics cut (see the module docstring).
+MAX_STRING_CHARS = 64 * 1024
+
+
+def _cut_long_strings(value: Any) -> Any:
+    """`value` with every string over `MAX_STRING_CHARS` (at any depth) replaced by its start, length and digest."""
+    if isinstance(value, str):
+        if len(value) <= MAX_STRING_CHARS:
+            return value
+        digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        return f"{value[:MAX_STRING_CHARS]}...[cut for /aggregate_metrics: {len(value)} chars, sha256 {digest}]"
+    if isinstance(value, Mapping):
+        return {k: _cut_long_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut_long_strings(v) for v in value]
+    return value
 
 
 def stripped_for_aggregation(result: Mapping[str, Any]) -> dict:
-    """`result` without the large payloads; `response` is kept as `{"usage": ...}` when it has usage."""
-    out = {k: v for k, v in result.items() if k not in STRIPPED_KEYS}
+    """`result` without the large payloads; `response` is kept as `{"usage": ...}` when it has usage; strings over
+    `MAX_STRING_CHARS` cut."""
+    out = {k: _cut_long_strings(v) for k, v in result.items() if k not in STRIPPED_KEYS}
     response = result.get("response")
     if isinstance(response, Mapping) and response.get("usage") is not None:
         out["response"] = {"usage": response["usage"]}
@@ -67,16 +92,27 @@ def _agent_of(result: Mapping[str, Any], default: Optional[str]) -> Optional[str
 
 
 class TooManyToAggregate(Exception):
-    """More rollouts than one `/aggregate_metrics` request should carry (it holds them all in memory, twice)."""
+    """More rollouts than `aggregation_max_rollouts`: the agent would hold them all in memory at once."""
+
+
+def _sort_key(result: Mapping[str, Any]) -> tuple:
+    task, rollout = result.get("_ng_task_index", 0), result.get("_ng_rollout_index", 0)
+    return (task if isinstance(task, int) else 0, rollout if isinstance(rollout, int) else 0)
 
 
 def read_results_grouped(
-    path: Path, group_of: Callable[[Mapping[str, Any]], Optional[str]], *, max_rollouts: Optional[int] = None
-) -> dict[str, list[dict]]:
+    path: Path,
+    group_of: Callable[[Mapping[str, Any]], Optional[str]],
+    *,
+    max_rollouts: Optional[int] = None,
+    encoded: bool = False,
+) -> dict[str, list]:
     """The stripped results of a rollouts file, grouped by `group_of(result)` (None: left out), each group sorted by
-    (task, rollout) index. More than `max_rollouts` grouped rows raise `TooManyToAggregate` as soon as the file
-    shows it."""
-    groups: dict[str, list[dict]] = {}
+    (task, rollout) index; with `encoded`, as their JSON bytes (a fraction of the memory of dicts). More than
+    `max_rollouts` grouped rows raise `TooManyToAggregate` as soon as the file shows it."""
+    import orjson
+
+    keyed: dict[str, list[tuple[tuple, Any]]] = {}
     count = 0
     for result in iter_jsonl_objects(path, on_bad=lambda: None):  # a torn line was reported by whoever wrote it
         group = group_of(result)
@@ -84,41 +120,37 @@ def read_results_grouped(
             count += 1
             if max_rollouts is not None and count > max_rollouts:
                 raise TooManyToAggregate(f"more than {max_rollouts} rollouts in {path}")
-            groups.setdefault(group, []).append(stripped_for_aggregation(result))
-    for rows in groups.values():
-        rows.sort(key=lambda r: (r.get("_ng_task_index", 0), r.get("_ng_rollout_index", 0)))
+            row = stripped_for_aggregation(result)
+            keyed.setdefault(group, []).append(
+                (_sort_key(result), orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) if encoded else row)
+            )
+    groups: dict[str, list] = {}
+    for group, rows in keyed.items():
+        rows.sort(key=lambda pair: pair[0])
+        groups[group] = [row for _, row in rows]
     return groups
 
 
 def read_results_by_agent(
-    path: Path, default_agent: Optional[str] = None, *, max_rollouts: Optional[int] = None
-) -> dict[str, list[dict]]:
+    path: Path, default_agent: Optional[str] = None, *, max_rollouts: Optional[int] = None, encoded: bool = False
+) -> dict[str, list]:
     """`read_results_grouped` by `agent_ref.name` (rows without one go to `default_agent`, or are left out)."""
-    return read_results_grouped(path, lambda result: _agent_of(result, default_agent), max_rollouts=max_rollouts)
+    return read_results_grouped(
+        path, lambda result: _agent_of(result, default_agent), max_rollouts=max_rollouts, encoded=encoded
+    )
 
 
-async def aggregate_by_agent(
-    server_client: Any, groups: Mapping[str, list[dict]]
-) -> tuple[list[dict], list[str]]:
-    """POST each group to `/aggregate_metrics` of the server it is keyed by (an agent; a resources server for
-    reverify). Returns (entries, problems): one entry per server that answered, one line per one that did not."""
-    from nemo_gym.http.client import get_response_json
-
+async def aggregate_by_agent(server_client: Any, groups: Mapping[str, list]) -> tuple[list[dict], list[str]]:
+    """POST each group (stripped verify responses, as dicts or JSON bytes) to `/aggregate_metrics` of the server it
+    is keyed by (an agent; a resources server for reverify), in parts when they are many. Returns (entries,
+    problems): one entry per server that answered, one line per one that did not, naming it and the reason."""
     entries: list[dict] = []
     problems: list[str] = []
     for agent, rows in groups.items():
-        target = agent
         try:
-            response = await server_client.post(target, "/aggregate_metrics", json={"verify_responses": rows})
-            status = getattr(response, "status", None) or getattr(response, "status_code", 0)
-            if status >= 400:
-                body = await response.read() if hasattr(response, "read") else response.content
-                text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else str(body)
-                problems.append(f"`{target}` answered HTTP {status} to POST /aggregate_metrics: {text[:500]}")
-                continue
-            data = await get_response_json(response)
-        except Exception as exc:
-            problems.append(f"POST /aggregate_metrics on `{target}` failed: {type(exc).__name__}: {exc}")
+            data = await post_aggregate_metrics(server_client, agent, rows)
+        except AggregationFailed as exc:
+            problems.append(f"`{agent}` gave no metrics for its {len(rows)} rollout(s) at POST /aggregate_metrics: {exc}")
             continue
         entries.append(
             {
@@ -316,14 +348,14 @@ def aggregate_rollouts_from_config(
                 f.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         tmp.replace(output)
         out.write(f"Merged rollouts:   {output}\n")
-    groups: dict[str, list[dict]] = {}
+    groups: dict[str, list[bytes]] = {}
     unnamed = 0
     for row in inputs.rollouts:
         agent = _agent_of(row, None)
         if agent is None:
             unnamed += 1
             continue
-        groups.setdefault(agent, []).append(stripped_for_aggregation(row))
+        groups.setdefault(agent, []).append(orjson.dumps(stripped_for_aggregation(row), option=orjson.OPT_SERIALIZE_NUMPY))
     if unnamed:
         sys.stderr.write(f"Warning: {unnamed} rollout(s) without agent_ref.name are not aggregated.\n")
     entries, problems = asyncio.run(aggregate_by_agent(server_client, groups))

@@ -224,10 +224,10 @@ class RolloutCollectionConfig(BaseNeMoGymCLIConfig):
     )
     progress_bar: bool = Field(default=True, description="Show a live progress bar on stderr.")
     aggregation_max_rollouts: int = Field(
-        default=200_000,
+        default=1_000_000,
         ge=1,
-        description="Skip /aggregate_metrics (with a note) when the output holds more rollouts than this: one "
-        "request carries them all.",
+        description="Refuse /aggregate_metrics (an error line, exit 1) when the output holds more rollouts than "
+        "this: they are sent in bounded parts, but the agent holds them all in memory to compute.",
     )
     disable_aggregation: bool = Field(
         default=False,
@@ -1315,6 +1315,7 @@ class CollectionOutcome:
     paths: Optional[CollectionPaths] = None
     failure_types: dict[str, int] = field(default_factory=dict)
     aggregate_entries: list[dict] = field(default_factory=list)
+    aggregation_problems: list[str] = field(default_factory=list)  # one line per agent that gave no metrics
     # Resume: keys of earlier runs' declared failures not run again ("terminal" / "exhausted" -> count).
     not_retried: dict[str, int] = field(default_factory=dict)
     max_rollout_attempts: int = 0
@@ -1381,22 +1382,21 @@ async def _aggregate(
         write_aggregate_metrics,
     )
 
+    paths.aggregate_metrics.unlink(missing_ok=True)  # never a stale file beside missing metrics
     try:
         groups = read_results_by_agent(
-            paths.output, default_agent=config.agent_name, max_rollouts=config.aggregation_max_rollouts
+            paths.output, default_agent=config.agent_name, max_rollouts=config.aggregation_max_rollouts, encoded=True
         )
     except TooManyToAggregate as exc:
-        _err(
-            f"Note: no aggregate metrics: {exc}; one /aggregate_metrics request would hold them all. The reward "
-            "profile covers them; raise +aggregation_max_rollouts=N to aggregate anyway."
+        outcome.aggregation_problems.append(
+            f"{exc}, over +aggregation_max_rollouts={config.aggregation_max_rollouts} (the agent holds them all in "
+            "memory); raise it, or +disable_aggregation=true"
         )
         return
     if not groups:
-        paths.aggregate_metrics.unlink(missing_ok=True)
         return
     entries, problems = await aggregate_by_agent(server_client, groups)
-    for problem in problems:
-        _err(f"Warning: no aggregate metrics: {problem} (the rollouts are saved; rerun the aggregation later).")
+    outcome.aggregation_problems.extend(problems)
     if entries:
         write_aggregate_metrics(paths.aggregate_metrics, entries)
         outcome.aggregate_entries = entries
@@ -1645,7 +1645,7 @@ def run_from_config(
         profile_collection(paths, pass_threshold=config.pass_threshold, describe=False)  # _print_outcome says it
 
     _print_outcome(outcome)
-    return 1 if outcome.failed or outcome.not_retried else 0
+    return 1 if outcome.failed or outcome.not_retried or outcome.aggregation_problems else 0
 
 
 def fit_connection_limits(server_client: Any, parallel: int) -> None:
@@ -1764,6 +1764,8 @@ def _print_outcome(outcome: CollectionOutcome) -> None:
 
         print(f"Aggregate metrics:   {paths.aggregate_metrics}")
         print_key_metrics(outcome.aggregate_entries)
+    for problem in outcome.aggregation_problems:
+        _err(f"error: no aggregate metrics: {problem} (the rollouts are saved; `ng_aggregate_rollouts` can retry).")
     trajectories = outcome.trajectories
     if trajectories is not None and trajectories.with_token_data:  # nothing when no rollout carries token ids
         print(f"Token data of the {trajectories.total} new rollouts: {trajectories.summary()}.")

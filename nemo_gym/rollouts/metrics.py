@@ -20,6 +20,7 @@ valid JSON.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -56,6 +57,8 @@ PER_TASK_METRICS = "per_task_metrics"
 # The `sample` of every group row: `/aggregate_metrics` sees verify responses, not input rows.
 AGENT_NAME = "agent"
 _SPREAD_SUFFIXES = ("std_dev_across_runs", "std_err_across_runs", "avg_sample_std_dev")
+# Fewer verify responses than this are aggregated on the event loop (a thread costs more than the work).
+_INLINE_ROLLOUTS = 2000
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -382,7 +385,10 @@ def _non_finite(value: Any) -> bool:
 
 def _finite_only(value: Any) -> Any:
     """`value` without NaN or infinities: dropped from dicts (the NaN rule), None in lists (positions matter)."""
-    if isinstance(value, Mapping):
+    kind = type(value)
+    if kind in (str, int, float, bool) or value is None:  # the common leaves, before the slower ABC checks
+        return value
+    if kind is dict or isinstance(value, Mapping):
         return {key: _finite_only(item) for key, item in value.items() if not _non_finite(item)}
     if isinstance(value, (list, tuple)):
         return [None if _non_finite(item) else _finite_only(item) for item in value]
@@ -407,5 +413,9 @@ class AggregateMetricsMixin:
         return default_key_metrics(agent_metrics)
 
     async def aggregate_metrics(self, body: AggregateMetricsRequest) -> AggregateMetrics:
-        """`POST /aggregate_metrics`: `compute_aggregate_metrics` with this server's hooks."""
-        return compute_aggregate_metrics(body.verify_responses, self.compute_metrics, self.get_key_metrics)
+        """`POST /aggregate_metrics`: `compute_aggregate_metrics` with this server's hooks, in a worker thread when
+        the rollouts are many (minutes at 250,000), so the server still answers `/health` and its other routes."""
+        args = (body.verify_responses, self.compute_metrics, self.get_key_metrics)
+        if len(body.verify_responses) < _INLINE_ROLLOUTS:
+            return compute_aggregate_metrics(*args)
+        return await asyncio.to_thread(compute_aggregate_metrics, *args)

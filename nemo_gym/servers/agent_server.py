@@ -19,6 +19,7 @@ from fastapi import Body, FastAPI, Request
 from pydantic import ConfigDict
 
 from nemo_gym.config.types import ROLLOUT_PATH_PREFIX, AggregateMetrics, AggregateMetricsRequest
+from nemo_gym.rollouts.aggregation_parts import aggregate_metrics_route
 from nemo_gym.rollouts.metrics import AggregateMetricsMixin
 from nemo_gym.servers.resources_server import BaseRunRequest, BaseVerifyResponse
 from nemo_gym.serving.endpoint_wrapping import wraps_endpoint
@@ -81,7 +82,7 @@ class SimpleResponsesAPIAgent(AggregateMetricsMixin, DialectsMixin, BaseResponse
                 "/v1/responses": self.responses,
                 f"/{ROLLOUT_PATH_PREFIX}/{{rollout_id}}/v1/responses": self.responses,
                 "/run": self._run_in_rollout_context(self.run),
-                "/aggregate_metrics": self.aggregate_metrics,
+                "/aggregate_metrics": aggregate_metrics_route(self),  # whole, or in parts
             }
         )
         # The twin route's handler runs in its rollout's context, so its tool and model calls carry the id too.

@@ -31,6 +31,7 @@ from pydantic import BaseModel
 
 from nemo_gym.config.types import AggregateMetrics, AggregateMetricsRequest, BaseRunServerInstanceConfig
 from nemo_gym.api.schemas import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.rollouts.aggregation_parts import aggregate_metrics_route
 from nemo_gym.rollouts.metrics import AggregateMetricsMixin
 from nemo_gym.servers.base import BaseServer, SimpleServer
 from nemo_gym.servers.mcp_exposure import (
@@ -133,7 +134,7 @@ class SimpleResourcesServer(AggregateMetricsMixin, MCPToolHooks, BaseResourcesSe
             {
                 "/seed_session": self.seed_session,
                 "/verify": judge_failsafe(self.verify),
-                "/aggregate_metrics": self.aggregate_metrics,
+                "/aggregate_metrics": aggregate_metrics_route(self),  # whole, or in parts
             }
         )
         app.get("/reverify_mode")(self.reverify_mode)

@@ -39,6 +39,7 @@ from nemo_gym.base_responses_api_agent import (
 )
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.rollouts.aggregation_parts import AggregationFailed, post_aggregate_metrics
 from nemo_gym.servers.agent_calls import add_usage, parse_inner_json, raise_for_inner_status, update_cookies
 
 __all__ = ["GymnasiumAgentConfig", "GymnasiumRunRequest", "GymnasiumRunResponse", "GymnasiumAgent"]
@@ -97,9 +98,11 @@ class GymnasiumAgent(SimpleResponsesAPIAgent):
         """The resources server's `/aggregate_metrics` for these results."""
         resources = self.config.resources_server.name
         who = f"resources server `{resources}`"
-        answer = await self.server_client.post(resources, "/aggregate_metrics", json=body.model_dump())
-        raise_for_inner_status(answer, who, "/aggregate_metrics")
-        return AggregateMetrics.model_validate(parse_inner_json(answer, who, "/aggregate_metrics"))
+        try:  # in parts when they are many: one request of them all could be over the server's body limit
+            answer = await post_aggregate_metrics(self.server_client, resources, body.verify_responses)
+        except AggregationFailed as exc:
+            raise RuntimeError(f"{who} gave no /aggregate_metrics: {exc}") from None
+        return AggregateMetrics.model_validate(answer)
 
     # -- the episode -----------------------------------------------------------------------------------------
 

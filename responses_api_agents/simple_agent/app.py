@@ -55,6 +55,7 @@ from nemo_gym.base_responses_api_agent import (
 from nemo_gym.config_types import ModelServerRef, ResourcesServerRef
 from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.http.client import NeMoGymHTTPError  # noqa: F401  (importable from here, as before)
+from nemo_gym.rollouts.aggregation_parts import AggregationFailed, post_aggregate_metrics
 from nemo_gym.servers.agent_calls import add_usage, inner_text, parse_inner_json, raise_for_inner_status, update_cookies
 
 __all__ = ["SimpleAgentConfig", "SimpleAgentRunRequest", "SimpleAgentVerifyResponse", "SimpleAgent"]
@@ -136,9 +137,11 @@ class SimpleAgent(SimpleResponsesAPIAgent):
     async def aggregate_metrics(self, body: AggregateMetricsRequest) -> AggregateMetrics:
         """`/aggregate_metrics` is the resources server's: it knows the task (pass@k, majority@k, ...)."""
         resources = self.config.resources_server.name
-        answered = await self.server_client.post(resources, "/aggregate_metrics", json=body.model_dump())
-        raise_for_inner_status(answered, f"resources server `{resources}`", "/aggregate_metrics")
-        return _json_response(parse_inner_json(answered, f"resources server `{resources}`", "/aggregate_metrics"))
+        try:  # in parts when they are many: one request of them all could be over the server's body limit
+            answer = await post_aggregate_metrics(self.server_client, resources, body.verify_responses)
+        except AggregationFailed as exc:
+            raise RuntimeError(f"resources server `{resources}` gave no /aggregate_metrics: {exc}") from None
+        return _json_response(answer)
 
     # -- the episode -----------------------------------------------------------------------------------------
 
