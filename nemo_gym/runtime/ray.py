@@ -50,12 +50,14 @@ _NOT_SERVER_KEYS = frozenset(
     {
         "config_paths", "entrypoint", "default_host", "head_server", "disallowed_ports", "head_server_deps",
         "python_version", "pip_install_verbose", "use_absolute_ip", "uv_pip_set_python", "skip_venv_if_present",
-        "hf_token", RAY_ADDRESS_KEY, "ray_bind_host", RAY_NODE_IP_KEY, "port_range_low", "port_range_high", "dry_run", "uv_cache_dir", "uv_venv_dir",
+        "hf_token", RAY_ADDRESS_KEY, "ray_bind_host", RAY_NODE_IP_KEY, "port_range_low", "port_range_high", "dry_run",
+        "uv_cache_dir", "uv_venv_dir",
     }
 )
 
 _started_here = False  # did this process start the Ray cluster it is connected to?
 _reaper = None  # the reaper of the cluster this process started (runtime/ray_reaper.py)
+_before_loopback: Optional[tuple] = None  # (environment values, Ray's flag) `_on_loopback` replaced
 _lock = threading.Lock()
 
 
@@ -191,12 +193,32 @@ def local_node_ip(global_config: Any) -> Optional[str]:
 
 def _on_loopback(ray: Any) -> None:
     """Make Ray take loopback as this node's address (see the module docstring), here and in every process
-    started from here from now on."""
+    started from here, until `_off_loopback`."""
+    global _before_loopback
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)  # read when ray was imported
+    env = {key: os.environ.get(key) for key in LOOPBACK_RAY_ENV}
+    _before_loopback = (env, getattr(constants, "ENABLE_RAY_CLUSTER", None))
     os.environ.update(LOOPBACK_RAY_ENV)
-    try:  # read when ray was imported; this process may have imported it before
-        ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
-    except AttributeError:  # pragma: no cover - another Ray layout
-        pass
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def _off_loopback() -> None:
+    """The cluster is stopped: a process that goes on (a trainer that ran the stack in-process) may join a real
+    cluster later, under its own address."""
+    global _before_loopback
+    if _before_loopback is None:
+        return
+    env, flag = _before_loopback
+    _before_loopback = None
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    constants = getattr(getattr(sys.modules.get("ray"), "_private", None), "ray_constants", None)
+    if constants is not None and flag is not None:
+        constants.ENABLE_RAY_CLUSTER = flag
 
 
 def _start_local(global_config: Any, *, log_to_driver: bool) -> str:
@@ -326,6 +348,7 @@ def shutdown_ray(handle: Optional[RayHandle]) -> None:
 
     stop_reaper(_reaper)  # whatever ray.shutdown() left behind
     _reaper = None
+    _off_loopback()
 
 
 # ------------------------------------------------------------------------------------------ child side

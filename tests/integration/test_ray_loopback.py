@@ -65,7 +65,8 @@ def alive(known: list[tuple]) -> list[str]:
 def ray_stack():
     head_port = free_port()
     stack = NgRunStack(
-        ["+config_paths=[configs/ray.yaml]", f"+head_server.port={head_port}", f"+{BLOCK}.ray_actor_options.num_cpus=0"],
+        ["+config_paths=[configs/ray.yaml]", f"+head_server.port={head_port}",
+         f"+{BLOCK}.ray_actor_options.num_cpus=0"],  # the block runs as a Ray actor
         cwd=FIXTURE_STACK,
     )
     known: list[tuple] = []
