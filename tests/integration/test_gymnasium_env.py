@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any, Optional
 
 import httpx
@@ -23,6 +24,7 @@ from pydantic import Field
 
 from nemo_gym import PARENT_DIR
 from nemo_gym.base_resources_server import BaseResourcesServerConfig
+from nemo_gym.errors import NeMoGymConfigError
 from nemo_gym.openai_utils import NeMoGymResponse
 from nemo_gym.servers.rollout_context import current_rollout_id
 from nemo_gym.testing.e2e import OPENAI_MODEL_CONFIG
@@ -159,6 +161,36 @@ def test_bad_bodies_are_422():
     assert client.post("/step", json={"responses_create_params": PARAMS}).status_code == 422  # no response
     bad = client.post("/step", json={"responses_create_params": PARAMS, "response": {"output": "nope"}})
     assert bad.status_code == 422
+
+
+def test_a_step_out_of_order_is_a_409_and_a_bad_limit_stops_the_server():
+    env, client = counting_env()
+    row = {"responses_create_params": PARAMS, "end_at": 1}
+    before = client.post("/step", json={**row, "response": action("x")})
+    assert before.status_code == 409 and "no episode" in before.json()["detail"]
+    client.post("/reset", json=row)
+    assert client.post("/step", json={**row, "response": action("x")}).json()["terminated"]
+    after = client.post("/step", json={**row, "response": action("x")})
+    assert after.status_code == 409 and "ended at step 1 (terminated)" in after.json()["detail"]
+    assert [s["hook"] for s in env.seen] == ["reset", "step"]  # the refused steps never reached the hook
+
+    with pytest.raises(NeMoGymConfigError, match="`max_live_games` must be a positive whole number"):
+        make_server(CountingEnv, name="counting", domain="games", max_live_games=0).build_app()
+
+
+def test_idle_games_are_closed_without_further_requests():
+    """The server's timer closes a game left unplayed for `game_idle_timeout_s`, with nothing else coming in."""
+    env = make_server(CountingEnv, name="counting", domain="games", game_idle_timeout_s=0.2)
+    with TestClient(env.build_app()) as client:  # its event loop runs until the block ends
+        row = {"responses_create_params": PARAMS}
+        assert client.post("/reset", json=row).status_code == 200
+        deadline = time.monotonic() + 60  # an upper bound for the timer, never a measured time
+        while not env.closed:
+            assert time.monotonic() < deadline, "the idle game was never closed"
+            time.sleep(0.05)
+        assert env.session_state == {} and env.closed == [env.seen[0]["session"]]
+        gone = client.post("/step", json={**row, "response": action("x")})
+        assert gone.status_code == 410 and "unplayed for 0.2 s (game_idle_timeout_s)" in gone.json()["detail"]
 
 
 def test_aggregate_metrics_over_the_environments_results():
