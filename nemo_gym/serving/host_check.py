@@ -105,7 +105,7 @@ def _entry(value: Any) -> str:
     if address is None and _HOST_NAME_RE.fullmatch(name):
         return "*." + name if wildcard else name
     raise ValueError(
-        f"{ALLOWED_HOSTS_KEY_NAME}: {text!r} is not a host name or address: give the name alone (e.g. "
+        f"{text!r} is not a host name or address: give the name alone (e.g. "
         f"node1.example.com, 10.0.0.5, *.example.com), without scheme, port or path; '*' allows any host"
     )
 
@@ -221,7 +221,7 @@ def host_policy(global_config_dict: Any = None, bind_host: Optional[str] = None)
     try:
         names = set(parse_allowed_hosts(config_get(global_config_dict, ALLOWED_HOSTS_KEY_NAME)))
     except ValueError as exc:
-        raise NeMoGymConfigError(str(exc)) from None
+        raise NeMoGymConfigError(f"{ALLOWED_HOSTS_KEY_NAME}: {exc}") from None
     names.update(LOOPBACK_HOSTS)
     bind = (bind_host or "").strip().strip("[]")
     candidates = {bind, *_config_hosts(global_config_dict)}

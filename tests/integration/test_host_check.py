@@ -156,3 +156,23 @@ def test_ng_status_and_the_collector_still_work(stack, tmp_path):
     assert collect.returncode == 0, collect.stdout + collect.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 and all("reward" in row for row in rows), rows
+
+
+def test_a_server_of_several_uvicorn_workers_checks_in_every_worker(tmp_path):
+    """The workers build their app in fresh processes: the policy reaches them through the environment."""
+    import signal
+
+    from tests.integration.test_serving_runner import ChildProcess
+
+    child = ChildProcess(tmp_path, num_workers=2, top={"allowed_hosts": ["trusted.example"]})
+    try:
+        child.wait_ready(timeout=90)
+        for _ in range(20):  # new connections land on either worker
+            with httpx.Client(base_url=child.url, timeout=30) as client:
+                assert client.post("/hello", json={}, headers=REBINDING).status_code == 421
+                assert client.get("/health", headers={"Origin": "http://evil.example"}).status_code == 403
+                assert client.post("/hello", json={}, headers={"Host": "trusted.example"}).status_code == 200
+        assert child.stop(signal.SIGINT, group=True) == 0, child.output
+    finally:
+        if child.proc.poll() is None:
+            child.stop(signal.SIGKILL, group=True)
