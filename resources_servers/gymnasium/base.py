@@ -205,7 +205,8 @@ class GymnasiumServer(SimpleResourcesServer):
             self._check_answer_size(content, "/reset", "the episode was not started")
         except BaseException:
             episodes.forget(session_id)
-            await self._close(session_id)
+            if session_id in self.session_state:  # an earlier game of the session, or what the hook left
+                await self._close(session_id)
             raise
         episodes.finish(session_id)
         return Response(content, media_type="application/json")
