@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Iterable, Optional
 
-REFRESH_S = 1.0
+REFRESH_S = 2.0  # new processes of the session are noticed this often; its owner's end at once (pidfd)
 KILL_WAIT_S = 5.0
 
 Proc = tuple[int, float]  # pid, start time (psutil's create_time)
@@ -99,23 +99,23 @@ def _same(pid: int, start: float):
 
 
 def _with_descendants(known: set[Proc]) -> set[Proc]:
-    """`known` plus the live descendants of those still alive."""
+    """`known` plus the live descendants of those still alive (one pass over the process table)."""
     import psutil
 
+    children: dict[int, list] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        children.setdefault(proc.info["ppid"], []).append(proc)
     found = set(known)
-    for pid, start in known:
-        proc = _same(pid, start)
-        if proc is None:
-            continue
-        try:
-            children = proc.children(recursive=True)
-        except psutil.Error:
-            continue
-        for child in children:
+    todo = [pid for pid, start in known if _same(pid, start) is not None]
+    while todo:
+        for child in children.get(todo.pop(), ()):
             try:
-                found.add((child.pid, child.create_time()))
+                entry = (child.pid, child.create_time())
             except psutil.Error:
-                pass
+                continue
+            if entry not in found:
+                found.add(entry)
+                todo.append(child.pid)
     return found
 
 
