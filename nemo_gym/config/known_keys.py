@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping, Optional
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from nemo_gym.config import ports
 from nemo_gym.config.global_config import (
@@ -38,6 +38,7 @@ from nemo_gym.config.global_config import (
 from nemo_gym.config.overrides import Override
 from nemo_gym.config.types import HELP_KEYS, BaseNeMoGymCLIConfig, RestartPolicy
 from nemo_gym.errors import NeMoGymConfigError, did_you_mean
+from nemo_gym.serving.host_check import parse_allowed_hosts
 from nemo_gym.serving.limits import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     DEFAULT_MAX_REQUEST_HEAD_BYTES,
@@ -101,6 +102,11 @@ class GlobalKeys(BaseNeMoGymCLIConfig):
         description="Where servers run as Ray actors listen: an address, or node_ip (the node's address as Ray knows "
         "it). null = node_ip when joining a cluster (ray_head_node_address given), else 127.0.0.1.",
     )
+    ray_node_ip_address: Optional[str] = Field(
+        default=None,
+        description="Node address of a Ray cluster started here (other machines can then join it). "
+        "null = 127.0.0.1: Ray listens on loopback only.",
+    )
     ray_num_cpus: Optional[int] = Field(default=None, description="CPUs of a Ray cluster started here.")
     ray_num_gpus: Optional[int] = Field(default=None, description="GPUs of a Ray cluster started here.")
     dry_run: bool = Field(default=False, description="Build the server environments, start nothing, exit.")
@@ -158,6 +164,24 @@ class GlobalKeys(BaseNeMoGymCLIConfig):
         default=DEFAULT_RESPONSE_SEND_TIMEOUT_S,
         description="Seconds a client may read nothing of an answer (the socket full) before the server closes the "
         "connection (a server block may set its own).",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="More names the stack's servers answer to in Host / Origin, besides loopback, their own address "
+        "and the config's hosts (a list: node1.example.com, 10.0.0.5, *.example.com); '*' allows any host (no DNS "
+        "rebinding protection). Others get 421 (Host) or 403 (Origin).",
+    )
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _allowed_hosts(cls, value: Any) -> list[str]:
+        return parse_allowed_hosts(value)  # ValueError names the entry that is not a host
+
+    judge_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds one LLM judge call of a resources server may take; then it is a judge failure "
+        "(judge_failed: rerun, then the failures file). A resources server block may set its own.",
     )
     observability_enabled: bool = Field(
         default=False,

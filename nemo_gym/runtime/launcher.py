@@ -45,8 +45,9 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from nemo_gym import PARENT_DIR
+from nemo_gym.config.server_paths import ServerLocation, locate_server
 from nemo_gym.config.types import RestartPolicy, ServerInstanceSpec
-from nemo_gym.errors import NeMoGymConfigError, NeMoGymStackError, did_you_mean
+from nemo_gym.errors import NeMoGymConfigError, NeMoGymStackError
 from nemo_gym.runtime.venvs import VenvBuildError
 
 TAIL_LINES = 40
@@ -125,6 +126,8 @@ class ServerProcess:
     # Which process of a `num_replicas` block this is (0 for a single-process server).
     replica: int = 0
     num_replicas: int = 1
+    # The block's entrypoint as `locate_server` checked it (config/server_paths.py); the argv runs exactly this.
+    entrypoint: str = ""
 
     @property
     def label(self) -> str:
@@ -179,39 +182,6 @@ def restart_policy_for(global_config: Any, spec: ServerInstanceSpec) -> RestartP
         RestartPolicy, merged, server_id=spec.server_id,
         key_path=f"{spec.server_id}.{spec.server_type}.{spec.impl}.restart_policy",
     )  # type: ignore[return-value]
-
-
-def resolve_server_dir(spec: ServerInstanceSpec, cwd: Path) -> Path:
-    """Prefer `<cwd>/<type>/<impl>` when it is a server folder (has requirements.txt or pyproject.toml), else the
-    installed one under PARENT_DIR, as the reference does; a folder that exists only in one place is used as is."""
-    rel = Path(spec.server_type) / spec.impl
-    candidates = [cwd / rel, PARENT_DIR / rel]
-    for candidate in candidates:
-        if (candidate / "requirements.txt").exists() or (candidate / "pyproject.toml").exists():
-            return candidate
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate
-    looked = ", ".join(str(c) for c in dict.fromkeys(candidates))
-    existing = {d.name for c in candidates if c.parent.is_dir() for d in c.parent.iterdir() if d.is_dir()}
-    raise NeMoGymConfigError(
-        f"Server '{spec.server_id}': no folder for implementation '{spec.impl}' of {spec.server_type}."
-        f"{did_you_mean(spec.impl, sorted(existing))} Looked in: {looked}. Check the implementation name under `{spec.server_id}.{spec.server_type}` "
-        f"or create the folder (ng_init_resources_server scaffolds one)."
-    )
-
-
-def check_entrypoint(spec: ServerInstanceSpec, server_dir: Path) -> str:
-    entrypoint = str(spec.config.get("entrypoint", ""))
-    if not entrypoint or Path(entrypoint).is_absolute():
-        raise NeMoGymConfigError(
-            f"Server '{spec.server_id}': `entrypoint` must be a path relative to {server_dir}, got {entrypoint!r}."
-        )
-    if not (server_dir / entrypoint).is_file():
-        raise NeMoGymConfigError(
-            f"Server '{spec.server_id}': entrypoint {entrypoint!r} not found in {server_dir}."
-        )
-    return entrypoint
 
 
 class RunHelper:
@@ -284,28 +254,34 @@ class RunHelper:
             # Children resolve their own block; doing it here first turns an unset `${policy_base_url}` into one
             # clear error before anything starts, instead of a crash report from one child.
             resolved = resolve_server_config(self.cfg, spec.server_id)
-            server_dir = resolve_server_dir(spec, self.cwd)
-            check_entrypoint(spec, server_dir)
+            location = locate_server(spec, self.cwd)  # the folder and entrypoint, confined to the server roots
+            server_dir = location.server_dir
             host = str(spec.config.get("host") or default_host)
             port = spec.config.get("port")
             if port is None:
                 raise NeMoGymConfigError(f"Server '{spec.server_id}' has no port (the config was not allocated).")
             policy = restart_policy_for(self.cfg, spec)
             if resolved.get("ray_actor_options") is not None:
-                self._prepare_ray_block(spec, resolved, server_dir, host, int(port), policy)
+                self._prepare_ray_block(spec, resolved, location, host, int(port), policy)
                 continue
             ports = self._replica_ports(spec, resolved, host, int(port))
             for replica, replica_port in enumerate(ports):
                 self.servers.append(
                     ServerProcess(
                         spec=spec, server_dir=server_dir, host=host, port=replica_port, policy=policy,
-                        replica=replica, num_replicas=len(ports),
+                        replica=replica, num_replicas=len(ports), entrypoint=location.entrypoint,
                     )
                 )
         self._reserve_explicit_ports()
 
     def _prepare_ray_block(
-        self, spec: ServerInstanceSpec, resolved: dict, server_dir: Path, host: str, port: int, policy: RestartPolicy
+        self,
+        spec: ServerInstanceSpec,
+        resolved: dict,
+        location: ServerLocation,
+        host: str,
+        port: int,
+        policy: RestartPolicy,
     ) -> None:
         """One `RayReplica` per replica of a block with `ray_actor_options`; the actors pick their own ports, so
         the port the config allocated for the block is given back."""
@@ -338,7 +314,10 @@ class RunHelper:
         release_port(host, port)
         for replica in range(n):
             self.ray_replicas.append(
-                RayReplica(spec=spec, server_dir=server_dir, replica=replica, num_replicas=n, max_restarts=max_restarts)
+                RayReplica(
+                    spec=spec, server_dir=location.server_dir, entrypoint=location.entrypoint, replica=replica,
+                    num_replicas=n, max_restarts=max_restarts,
+                )
             )
 
     def _replica_ports(self, spec: ServerInstanceSpec, resolved: dict, host: str, port: int) -> list[int]:
@@ -487,11 +466,12 @@ class RunHelper:
         from nemo_gym.config.global_config import mask_secrets
         from nemo_gym.runtime.head_server import HeadServer
         from nemo_gym.config.ports import take_reserved_socket
+        from nemo_gym.serving.host_check import host_policy
 
         self.reserve_head_port()
         sock = take_reserved_socket(str(self.cfg.head_server.host), int(self.cfg.head_server.port))
         masked = OmegaConf.to_yaml(OmegaConf.create(mask_secrets(OmegaConf.to_container(self.cfg, resolve=False))))
-        self.head = HeadServer(masked, self.instances)
+        self.head = HeadServer(masked, self.instances, hosts=host_policy(self.cfg, str(self.cfg.head_server.host)))
         self.head.start(sock)
 
     def instances(self) -> list[dict[str, Any]]:
@@ -510,8 +490,7 @@ class RunHelper:
         for server in self.servers:
             server.sock = take_reserved_socket(server.host, server.port)
             fd = server.sock.fileno() if server.sock is not None else None
-            entrypoint = str(server.spec.config.get("entrypoint"))
-            server.argv = [*commands[server.spec.server_id], entrypoint]
+            server.argv = [*commands[server.spec.server_id], server.entrypoint]
             server.env = self._child_env(server, config_yaml, fd)
             self._spawn(server)
         if self.ray_replicas:
@@ -534,7 +513,7 @@ class RunHelper:
                 f"+default_host=<it> for servers that stay local); see docs/scale-out.md."
             )
         for replica in self.ray_replicas:
-            argv = [*commands[replica.spec.server_id], str(replica.spec.config.get("entrypoint"))]
+            argv = [*commands[replica.spec.server_id], replica.entrypoint]
             env = self._child_env(replica, config_yaml, None)
             block = replica.spec.config
             block = OmegaConf.to_container(block, resolve=True) if isinstance(block, DictConfig) else dict(block)

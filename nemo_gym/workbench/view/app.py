@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import orjson
-from fastapi import FastAPI, HTTPException, Query
+from fastapi import FastAPI, HTTPException, Path as PathParam, Query
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from nemo_gym.serving.host_check import HostCheck, HostPolicy
 from nemo_gym.workbench.view.index import RolloutIndex
 from nemo_gym.workbench.view.query import SORT_COLUMNS, STATUSES, RolloutQuery, TableFilter
 
@@ -28,6 +28,12 @@ __all__ = ["STATIC_DIR", "Watcher", "create_app"]
 
 STATIC_DIR = Path(__file__).parent / "static"
 _UPDATE_BATCH = 20_000  # rows indexed per file before the watcher moves on to the next file
+# The numbers the API takes are SQLite integers and finite floats: anything else is a 422 naming the parameter
+# (a bigger integer would overflow SQLite's binding, NaN would compare false everywhere), never a 500.
+_INT64 = 2**63 - 1
+_ID = {"ge": 0, "le": _INT64}  # a file position, a row id, an offset
+_TASK = {"ge": -_INT64 - 1, "le": _INT64}
+_FINITE = {"allow_inf_nan": False}
 
 
 def _json(data: object) -> Response:
@@ -89,10 +95,12 @@ def create_app(
 ) -> FastAPI:
     """The viewer app over `query`; `watcher` (when given) reports indexing errors on `/api/status`.
 
-    Requests must name one of `allowed_hosts` in their Host header: a web page elsewhere that points its own
-    domain at 127.0.0.1 (DNS rebinding) gets nothing. `("*",)` allows any (serving on a non-loopback address)."""
+    Requests must name one of `allowed_hosts` (or a loopback address) in their Host header, and a page that
+    sends an Origin must be on one of them: a web page elsewhere that points its own domain at 127.0.0.1 (DNS
+    rebinding) gets nothing. `("*",)` allows any (serving on a non-loopback address). The rule is every server's
+    (`serving/host_check.py`)."""
     app = FastAPI(title="nemo_gym rollout viewer", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
+    app.add_middleware(HostCheck, policy=HostPolicy(allowed_hosts))
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     @app.get("/")
@@ -123,15 +131,15 @@ def create_app(
     def rows(
         sort: str = "line",
         desc: bool = False,
-        offset: int = Query(0, ge=0),
+        offset: int = Query(0, **_ID),
         limit: int = Query(50, ge=1, le=1000),
-        min_reward: Optional[float] = None,
-        max_reward: Optional[float] = None,
+        min_reward: Optional[float] = Query(None, **_FINITE),
+        max_reward: Optional[float] = Query(None, **_FINITE),
         agent: Optional[str] = None,
         failed: bool = False,
         q: str = "",
-        file: Optional[int] = None,
-        task: Optional[int] = None,
+        file: Optional[int] = Query(None, **_ID),
+        task: Optional[int] = Query(None, **_TASK),
         status: Optional[str] = None,
     ) -> Response:
         if sort not in SORT_COLUMNS:
@@ -148,27 +156,27 @@ def create_app(
         return got
 
     @app.get("/api/rollout/{file}/{row_id}")
-    def rollout(file: int, row_id: int) -> Response:
+    def rollout(file: int = PathParam(**_ID), row_id: int = PathParam(**_ID)) -> Response:
         return Response(_info_and_row(*_one(file, row_id)), media_type="application/json")
 
     @app.get("/api/raw/{file}/{row_id}")
-    def raw(file: int, row_id: int) -> Response:
+    def raw(file: int = PathParam(**_ID), row_id: int = PathParam(**_ID)) -> Response:
         """The line exactly as it is in the file."""
         return Response(_one(file, row_id)[1], media_type="application/json")
 
     @app.get("/api/task/{file}/{task}")
-    def task(file: int, task: int, all_files: bool = False) -> Response:
+    def task(file: int = PathParam(**_ID), task: int = PathParam(**_TASK), all_files: bool = False) -> Response:
         got = query.task_rows(file, task, all_files=all_files)
         body = b",".join(_info_and_row(info, line) for info, line in got["rows"])
         return Response(b'{"total":%d,"rows":[%s]}' % (got["total"], body), media_type="application/json")
 
     @app.get("/api/summary")
-    def summary(threshold: Optional[float] = None) -> Response:
+    def summary(threshold: Optional[float] = Query(None, **_FINITE)) -> Response:
         return _json(query.summary(pass_threshold if threshold is None else threshold))
 
     @app.get("/api/failures")
     def failures(
-        offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=1000), status: str = "failed"
+        offset: int = Query(0, **_ID), limit: int = Query(100, ge=1, le=1000), status: str = "failed"
     ) -> Response:
         """The failed rows (the Failed tab), or those of another status (`status=incomplete`: the Incomplete tab)."""
         if status not in STATUSES:
