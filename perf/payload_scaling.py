@@ -155,7 +155,8 @@ def measure(procs: dict, url: str, row: dict, total: int, level: int, settle: fl
     cpu = {name: (cpu_seconds(p) - before[name]) * 1000 / total for name, p in procs.items()}
     time.sleep(settle)
     result = {"cpu": sum(cpu.values()), "per_process": cpu, "failures": failures, "rps": total / wall,
-              "peak": peak.peak, "after": rss_mb(procs)}
+              "peak": peak.peak, "after": rss_mb(procs),
+              "after_each": {name: rss_mb({name: p}) for name, p in procs.items()}}
     if floor:
         result["exchanges"] = (floor_exchanges(floor) - exchanges0) / total
     return result
@@ -165,6 +166,7 @@ def median_of(runs: list[dict]) -> dict:
     mid = statistics.median
     out = {k: mid(r[k] for r in runs) for k in ("cpu", "rps", "peak", "after")}
     out["per_process"] = {k: mid(r["per_process"][k] for r in runs) for k in runs[0]["per_process"]}
+    out["after_each"] = {k: mid(r["after_each"][k] for r in runs) for k in runs[0]["after_each"]}
     out["failures"] = sum(r["failures"] for r in runs)
     out["spread"] = (min(r["cpu"] for r in runs), max(r["cpu"] for r in runs))
     out["exchanges"] = sorted({r["exchanges"] for r in runs if "exchanges" in r})
@@ -194,8 +196,19 @@ FAMILIES = [  # (family, regex on a frame "function (file:line)" or on the leaf'
 ]
 
 
+LEAF_FUNCTIONS = [  # pydantic's own entry points, named by the leaf frame itself (their source lines say nothing)
+    ("pydantic validation", r"model_validate|validate_python|validate_json|BaseModel\.__init__"),
+    ("model_dump", r"model_dump|dump_python"),
+    ("serialization", r"dump_json|to_json"),
+    ("event loop (C: socket I/O, buffer copies, freeing)", r"^Runner\.run "),
+]
+
+
 def family_of(frames: list[str]) -> str:
     leaf = frames[-1]
+    for family, pattern in LEAF_FUNCTIONS:
+        if re.search(pattern, leaf.split(" (")[0] + " "):
+            return family
     found = re.match(r"(.*) \((.*):(\d+)\)$", leaf)
     if found:  # a builtin (orjson, pydantic-core) shows as the Python line that called it
         line = linecache.getline(found.group(2), int(found.group(3)))
@@ -250,13 +263,13 @@ def profile(servers: dict, url: str, row: dict, rollouts: int, level: int, out_d
                 spy.kill()
     print(f"\nprofile: {rollouts} rollouts at {level} in flight ({failures} failures), py-spy {rate} Hz, raw stacks "
           f"in {out_dir}; ms per rollout of sampled (non-idle) time by function family, and the process's CPU")
-    names = [f for f, _ in FAMILIES] + ["other"]
+    names = [f for f, _ in FAMILIES] + [LEAF_FUNCTIONS[-1][0], "other"]
     results = {name: summarise_profile(out_dir / f"{name}.txt", rate, rollouts, top) for name in servers}
-    print(f"{'family':<22}" + "".join(f" {name:>10}" for name in servers))
+    print(f"{'family':<50}" + "".join(f" {name:>10}" for name in servers))
     for family in names:
-        print(f"{family:<22}" + "".join(f" {results[n][0].get(family, 0.0):>10.2f}" for n in servers))
-    print(f"{'sampled total':<22}" + "".join(f" {sum(results[n][0].values()):>10.2f}" for n in servers))
-    print(f"{'CPU (psutil)':<22}" + "".join(f" {cpu[n]:>10.2f}" for n in servers))
+        print(f"{family:<50}" + "".join(f" {results[n][0].get(family, 0.0):>10.2f}" for n in servers))
+    print(f"{'sampled total':<50}" + "".join(f" {sum(results[n][0].values()):>10.2f}" for n in servers))
+    print(f"{'CPU (psutil)':<50}" + "".join(f" {cpu[n]:>10.2f}" for n in servers))
     for name in servers:
         print(f"\n  {name}: leaf frames with the most samples (ms per rollout)")
         print("\n".join(results[name][1]))
@@ -355,11 +368,12 @@ def main() -> None:
               f"{f['peak']:>9.0f}/{f['after']:<10.0f} {s['peak']:>9.0f}/{s['after']:<10.0f} | "
               f"{r['bytes']['floor'] / 1e6:>9.2f}/{r['bytes']['stack'] / 1e6:<5.2f} MB | "
               f"{f['rps']:>4.0f}/{s['rps']:<4.0f} {f['failures']:>2}/{s['failures']:<2}")
-    print("per process, floor -> stack (CPU ms per rollout), and the spread of the runs' totals:")
+    print("per process, floor -> stack (CPU ms per rollout; RSS MB after the case), and the spread of the runs' totals:")
     for r in results:
         e, s = r["floor"]["per_process"], r["stack"]["per_process"]
         print(f"{r['size']:>7} x{r['calls']} P={r['level']:<3} | "
-              + "  ".join(f"{n} {e[n]:.2f} -> {s[n]:.2f} ({times(s[n], e[n])})" for n in ("agent", "model", "resources"))
+              + "  ".join(f"{n} {e[n]:.2f} -> {s[n]:.2f} ({times(s[n], e[n])}; {r['floor']['after_each'][n]:.0f} -> "
+                          f"{r['stack']['after_each'][n]:.0f} MB)" for n in ("agent", "model", "resources"))
               + f" | floor {r['floor']['spread'][0]:.2f}..{r['floor']['spread'][1]:.2f}, "
                 f"stack {r['stack']['spread'][0]:.2f}..{r['stack']['spread'][1]:.2f}")
     wrong = [(r["size"], r["calls"], r["level"], r["floor"]["exchanges"]) for r in results
