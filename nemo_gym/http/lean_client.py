@@ -122,6 +122,9 @@ class _Connection(asyncio.Protocol):
             CIMultiDictProxy(CIMultiDict(self._headers)),
             body,
         )
+        # An idle connection keeps nothing of the answer it carried (its pieces, its future's result): kept, every
+        # pooled connection held its last answer, 20 MB each for a model server relaying large answers (issue 37).
+        self._body, self._headers, self.waiter = [], [], None
         if not self.parser.should_keep_alive():
             self.close()
         waiter.set_result(response)

@@ -80,6 +80,7 @@ from nemo_gym.serving.limits import (
     head_too_slow_body,
     too_large_body,
 )
+from nemo_gym.serving.memory import LARGE_BYTES, large_traffic
 
 __all__ = [
     "CoalescingHttpToolsProtocol",
@@ -104,11 +105,12 @@ _LIMITS = RequestLimits.from_env()
 class _CoalescingTransport:
     """Wraps a transport: `write`s of one loop turn leave as one; everything else is the wrapped transport's."""
 
-    __slots__ = ("_transport", "_loop", "_pending", "_size", "_scheduled")
+    __slots__ = ("_transport", "_loop", "_tasks", "_pending", "_size", "_scheduled")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, tasks: Any = ()) -> None:
         self._transport = transport
         self._loop = loop
+        self._tasks = tasks  # the server's requests in flight (`serving/memory.py`)
         self._pending: list[bytes] = []
         self._size = 0
         self._scheduled = False
@@ -141,6 +143,8 @@ class _CoalescingTransport:
         data = pending[0] if len(pending) == 1 else b"".join(pending)
         self._pending = []
         self._size = 0
+        if len(data) >= LARGE_BYTES:  # a large answer: its memory goes back once the server is idle
+            large_traffic(self._loop, self._tasks)
         if not self._transport.is_closing():
             self._transport.write(data)
 
@@ -168,7 +172,7 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     """`HttpToolsProtocol` over a `_CoalescingTransport` (pass the class as uvicorn's `http`)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        super().connection_made(_CoalescingTransport(transport, self.loop, self.tasks))  # type: ignore[arg-type]
 
 
 class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
@@ -188,7 +192,7 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
       head at once, one still arriving as soon as the reads after the one it began in pass the limit (so at most
       one socket read more is looked at, and httptools' joining of a header's pieces stays bounded);
     - a head not complete `head_timeout` seconds after it began is answered 408 and the connection closed;
-    - a body from which nothing more arrived for `body_timeout` seconds (one timer period more at most) is answered
+    - a body from which nothing more arrived for `body_timeout` seconds (counted from its last bytes) is answered
       408 and the connection closed, unless we paused reading it (flow control: the app is slow, not the client);
     - more than `max_pipelined` requests waiting behind one not yet answered, or more than `max_body` bytes of their
       bodies together, close the connection;
@@ -233,10 +237,8 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         self.head_size = 0
         self.head_first = 0
         self._read_size = 0
-        # Reads so far, and as the timer last saw them (and when): a body that stopped arriving reads the same twice.
-        self.reads = 0
-        self.reads_seen = -1
-        self.reads_seen_at = 0.0
+        # When the last bytes arrived (the loop's clock): a body has stopped arriving `body_timeout` after that.
+        self.read_at = 0.0
         periods = [t for t in (self.timeout_keep_alive, self.head_timeout, self.body_timeout) if t is not None]
         self._timer_period = min(periods)
         self.dropping = False  # closed for too many pipelined requests: the rest of the read is not looked at
@@ -268,6 +270,7 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
                 task.add_done_callback(self.tasks.discard)
                 self.tasks.add(task)
             return
+        self._release()
         self.idle_since = self.loop.time()
         if self.keep_alive_timer is None:
             self.keep_alive_timer = self.loop.call_later(self._timer_period, self._keep_alive_due)
@@ -281,14 +284,12 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
             if self.head_open:
                 if self.head_timeout is not None:
                     left = self.head_started + self.head_timeout - now
-                    if left > 0:
-                        self.keep_alive_timer = self.loop.call_later(left, self._keep_alive_due)
+                    if left > 0:  # (looks again within a period: the body that follows may have a shorter limit)
+                        self.keep_alive_timer = self.loop.call_later(min(left, self._timer_period), self._keep_alive_due)
                     else:
                         self._refuse_early(408, head_too_slow_body(self.head_timeout))
             elif self.body_timeout is not None and self._body_arriving():
-                if self.reads != self.reads_seen:  # progress since the last look
-                    self.reads_seen, self.reads_seen_at = self.reads, now
-                left = self.reads_seen_at + self.body_timeout - now
+                left = self.read_at + self.body_timeout - now
                 if left > 0:
                     self.keep_alive_timer = self.loop.call_later(min(left, self._timer_period), self._keep_alive_due)
                 elif type(self.cycle) is _RefusedCycle:  # refused for its size, the rest of it never came
@@ -311,6 +312,21 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
             self.send_timer = None
         super().connection_lost(exc)
         self._abandon()
+        self.cycle = self.scope = self.work = None  # type: ignore[assignment]  # (`_release`)
+        self.pipeline.clear()
+
+    def _release(self) -> None:
+        """Let go of the request just answered (its scope, body, and what the app put in the scope) once the
+        connection is idle; `connection_lost` lets go of everything. Kept, a request lived as long as its idle
+        keep-alive connection; and a closed connection is a reference cycle (protocol, parser, transport, cycle)
+        that only the cyclic collector frees, which with `tune_gc_for_serving`'s threshold can take thousands of
+        requests: 30 bodies of 30 MB on separate connections held 2.7 GB (issue 37). The task still answering a
+        request keeps what it needs itself."""
+        cycle = self.cycle
+        if cycle is not None and cycle.response_complete:
+            self.cycle = self.work = None  # type: ignore[assignment]
+            if self.scope is cycle.scope:  # (not the next request's head, already being read)
+                self.scope = None  # type: ignore[assignment]
 
     # -- a client gone before its answer: the work for it ends too (the class docstring) ------------------------
 
@@ -358,7 +374,7 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
     # -- the head: its size and its time (the class docstring) --------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        self.reads += 1
+        self.read_at = self.loop.time()
         size = self._read_size = len(data)
         if self.head_open:  # this read continues a head
             self.head_size += size
@@ -483,7 +499,12 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
             cycle.discard(len(body))
             return
         super().on_body(body)
-        if self.max_body is not None and cycle is not None and len(cycle.body) > self.max_body:
+        if cycle is None:
+            return
+        size = len(cycle.body)
+        if size >= LARGE_BYTES:  # (uvicorn's cycle: what its app has not read yet)
+            large_traffic(self.loop, self.tasks)
+        if self.max_body is not None and size > self.max_body:
             cycle.body = b""
             cycle.disconnected = True  # the app's receive() answers http.disconnect
             cycle.message_event.set()
@@ -511,6 +532,8 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
             return
         if type(cycle) is _DirectCycle:
             cycle.more_body = False
+            if cycle.size >= LARGE_BYTES:  # a large body: its memory goes back once the server is idle
+                large_traffic(self.loop, self.tasks)
             task = cycle.task = self.loop.create_task(cycle.run())
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)
