@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--small-count", type=int, default=400)
     parser.add_argument("--relay-count", type=int, default=14)
     parser.add_argument("--relay-mb", type=int, default=20)
+    parser.add_argument("--override", action="append", default=[], help="an extra ng_run override (repeatable)")
     parser.add_argument("--parallel", type=int, default=1, help="requests at once (each on its own connection)")
     parser.add_argument("--probe", default="", help="after each burst run this shell command with {pid} filled in")
     args = parser.parse_args()
@@ -90,7 +91,7 @@ def main() -> None:
                           + json.dumps({"output": ["fine"]}) + "\n")
         with FakeLLMBackend("--script", str(script)) as backend:
             overrides = fake_llm_overrides(["configs/collect.yaml"], backend.base_url, head_port)
-            with NgRunStack(overrides, cwd=FIXTURE_STACK) as run:
+            with NgRunStack([*overrides, *args.override], cwd=FIXTURE_STACK) as run:
                 run.wait_for("servers ready", timeout=180)
                 servers = {s["process_name"]: s for s in server_instances(head_port)}
                 pids = {name: servers[name]["pid"] for name in set(NAMES.values())}
