@@ -24,6 +24,11 @@ Performance notes (the reference spent most of its CPU re-validating whole respo
   ``Response``): models read them with ``from_attributes``, which costs nothing for dict input, and the few
   plain-dict fields of a response (``reasoning``, ``text``, ``prompt``, ``error``, a dict ``tool_choice``) and
   the request's ``tools`` list pass through one small function that turns an SDK object into its dict.
+* Token arrays (``prompt_token_ids``, ``generation_token_ids``, ``generation_log_probs``: megabytes per training
+  rollout) are checked once and then passed by reference: lists given from Python are kept as they are after one
+  C-level pass over them, and the dumps of requests and responses share them instead of copying (``TokenIds``,
+  ``ShareTokenArraysOnDump``; design decision 33). Item lists are turned into Python objects once when validated
+  from JSON (``_items``), not once per union function and again for validation.
 * Prefer ``Model.model_validate(dict)`` on parsed JSON. Passing already-validated model instances into another
   model does not re-validate them (pydantic's ``revalidate_instances="never"``), so build responses from
   instances or dicts, never from ``model_dump()`` of something you just validated. Nothing here deep-copies.
@@ -33,10 +38,12 @@ params (it is left out of dumps while unset, so rows look like the reference's),
 is accepted on input but never dumped (OpenAI rejects it when the item is sent back).
 """
 
-from typing import Any, Literal, Mapping, Optional, Union
+import math
+from typing import Any, ClassVar, Literal, Mapping, Optional, Union
 
 from openai.types.responses.response_reasoning_item import Summary as _SDKSummary
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, SerializeAsAny, Tag, with_config
+from pydantic_core import core_schema
 from typing_extensions import Annotated, Required, TypedDict
 
 __all__ = [
@@ -120,6 +127,77 @@ def _list(item: Any) -> Any:
     lists are as long as its sender likes: a 2 MB body of a million bad items took 4.7 s of a server's event loop to
     refuse (a 32 MiB one over a minute), and its 422 listed a million errors."""
     return Annotated[list[item], Field(fail_fast=True)]
+
+
+def _parsed_once(value: Any) -> Any:
+    return value
+
+
+def _items(item: Any) -> Any:
+    """`_list(item)` for lists of Responses items or chat messages, whose union is told apart by a Python function
+    (``type`` / ``role`` / token fields): from JSON, pydantic would turn each item into Python objects to call that
+    function and then validate the JSON again, so a 64k-token item was built twice (plus once more for ``input``'s
+    own str-or-list function). The list is turned into Python objects once (a no-op ``BeforeValidator``) and
+    validated from them; what is accepted and every error are as before (FastAPI's 422 path validates Python
+    input anyway)."""
+    return Annotated[list[item], Field(fail_fast=True), BeforeValidator(_parsed_once)]
+
+
+# ------------------------------------------------------------------------------------------ token arrays
+# A training-mode rollout carries, on the last item of each model call, its prompt ids, generated ids and log probs:
+# at 64k generated tokens 3-4 MB of JSON per rollout, through every hop. They are checked once and then passed on by
+# reference (design decision 33):
+# * from JSON, pydantic-core checks them while parsing (`list[int]` / `list[float]`, stopping at the first bad
+#   element);
+# * from Python (a body parsed once as above, the verify idiom `Response(**body.model_dump(), reward=...)`, items
+#   built by environment code), a plain list is kept as it is, the same object, when one C-level pass over it
+#   (`sum`) shows every element is an int (for log probs: a finite real number); anything else (strings, None,
+#   floats among ids, NaN, a tuple, a numpy array) goes through pydantic's own list check, which converts or
+#   answers a 422 naming the first bad element (`...generation_token_ids.17`);
+# * the dumps of the models that carry items share the lists instead of copying them element by element
+#   (`_TokenArraysShared.model_dump`), and JSON is written once, by pydantic-core.
+# Environment code sees plain `list[int]` / `list[float]`, as v0.5 types them.
+
+
+def _ints_as_given(value: Any, check: Any) -> Any:
+    if type(value) is list:
+        try:
+            if type(sum(value)) is int:  # every element an int (bools count, as pydantic's lax mode has it)
+                return value
+        except TypeError:
+            pass
+    return check(value)
+
+
+def _reals_as_given(value: Any, check: Any) -> Any:
+    if type(value) is list:
+        try:
+            if math.isfinite(sum(value, 0.0)):  # every element an int or a float, none NaN or infinite
+                return value
+        except (TypeError, OverflowError):
+            pass
+    return check(value)
+
+
+class _TokenArray:
+    """`list[int]` / `list[float]` checked once and kept by reference (see above)."""
+
+    def __init__(self, element: type):
+        self.element = element
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        checked = handler(list[self.element])
+        checked["fail_fast"] = True
+        as_given = _ints_as_given if self.element is int else _reals_as_given
+        return core_schema.json_or_python_schema(
+            json_schema=checked,
+            python_schema=core_schema.no_info_wrap_validator_function(as_given, checked),
+            serialization=checked.get("serialization"),
+        )
+
+
+TokenIds = Annotated[list[int], _TokenArray(int)]
+TokenLogProbs = Annotated[list[float], _TokenArray(float)]
 
 
 def _sdk_to_dict(value: Any) -> Any:
@@ -245,10 +323,85 @@ class TokenIDLogProbMixin(BaseModel):
     """Token information a training-mode model server attaches to generated items (the last output item of each
     model call). ``routed_experts`` is optional and left out of dumps while unset."""
 
-    prompt_token_ids: _list(int)
-    generation_token_ids: _list(int)
-    generation_log_probs: _list(float)
+    prompt_token_ids: TokenIds
+    generation_token_ids: TokenIds
+    generation_log_probs: TokenLogProbs
     routed_experts: Optional[RoutedExperts] = Field(default=None, exclude_if=_is_none)
+
+
+_TOKEN_ARRAY_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+
+
+class ShareTokenArraysOnDump(BaseModel):
+    """A model whose ``model_dump()`` hands out its items' token arrays as they are, not element-by-element copies.
+
+    pydantic's Python-mode dump rebuilds every list, which for a 64k-token rollout was most of the verify idiom
+    ``Response(**body.model_dump(), reward=...)`` (then the constructor, given the same lists back, keeps them:
+    see `_ints_as_given`). So the dump leaves the token fields of the training items out and puts the model's own
+    lists back in their place, in the same key order: the dict is the one pydantic makes, with the token lists
+    shared (treat them as read-only, as the model's own). Items are found in the fields named by
+    ``_token_item_fields`` and, one level down, in fields holding such models (a verify request's ``response`` and
+    ``responses_create_params``). Dumps with ``include``/``exclude``, by alias or in JSON mode are pydantic's own."""
+
+    _token_item_fields: ClassVar[tuple[str, ...]] = ()
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        if (
+            kwargs.get("mode", "python") != "python"
+            or kwargs.get("include") is not None
+            or kwargs.get("exclude") is not None
+            or kwargs.get("by_alias")
+        ):
+            return super().model_dump(**kwargs)
+        sites: list[tuple[tuple[Any, ...], BaseModel]] = []
+        exclude: dict[Any, Any] = {}
+        _token_sites(self, (), exclude, sites, nested=True)
+        if not sites:
+            return super().model_dump(**kwargs)
+        dumped = super().model_dump(exclude=exclude, **kwargs)
+        only_set = kwargs.get("exclude_unset", False)
+        for path, item in sites:
+            parent = dumped
+            for key in path[:-1]:
+                parent = parent[key]
+            given = parent[path[-1]]
+            values = item.__dict__
+            chosen = item.model_fields_set if only_set else values
+            whole = {}
+            for name in type(item).model_fields:
+                if name in _TOKEN_ARRAY_FIELDS:
+                    if name in values and name in chosen:
+                        whole[name] = values[name]
+                elif name in given:
+                    whole[name] = given[name]
+            if len(whole) < len(given):
+                for key, value in given.items():  # extras, after the fields, as pydantic puts them
+                    whole.setdefault(key, value)
+            parent[path[-1]] = whole
+        return dumped
+
+
+def _token_sites(
+    model: BaseModel, path: tuple[Any, ...], exclude: dict, sites: list, *, nested: bool
+) -> None:
+    """The training items of `model` (see `ShareTokenArraysOnDump`): their paths in its dump, gathered in `sites`,
+    and the `exclude` tree that leaves their token fields out."""
+    values = model.__dict__
+    for field in getattr(model, "_token_item_fields", ()):
+        items = values.get(field)
+        if type(items) is not list:
+            continue
+        for index, item in enumerate(items):
+            if type(item) in _SHARED_ITEM_CLASSES:
+                exclude.setdefault(field, {})[index] = _TOKEN_ARRAY_FIELDS
+                sites.append((path + (field, index), item))
+    if nested:
+        for field, value in values.items():
+            if isinstance(value, ShareTokenArraysOnDump):
+                inner: dict[Any, Any] = {}
+                _token_sites(value, path + (field,), inner, sites, nested=False)
+                if inner:
+                    exclude[field] = inner
 
 
 class NeMoGymEasyInputMessage(BaseModel):
@@ -510,7 +663,7 @@ NeMoGymResponseInputItem = Annotated[
     ),
 ]
 NeMoGymResponseOutputItem = NeMoGymResponseInputItem
-NeMoGymResponseInput = _list(SerializeAsAny[NeMoGymResponseInputItem])
+NeMoGymResponseInput = _items(SerializeAsAny[NeMoGymResponseInputItem])
 
 # ``input`` is a string or an item list; tagging the two keeps error locations short ("input.items.0...").
 _ResponseInputField = Annotated[
@@ -518,6 +671,7 @@ _ResponseInputField = Annotated[
     Discriminator(
         lambda v: "text" if isinstance(v, str) else "items",
     ),
+    BeforeValidator(_parsed_once),  # from JSON, the items are made Python objects once (see `_items`)
 ]
 
 
@@ -543,7 +697,7 @@ NeMoGymToolParam = _type_union({"function": NeMoGymFunctionToolParam}, fallback=
 _ToolParamList = Annotated[_list(NeMoGymToolParam), BeforeValidator(_sdk_list_to_dicts)]
 
 
-class NeMoGymResponseCreateParamsNonStreaming(BaseModel):
+class NeMoGymResponseCreateParamsNonStreaming(ShareTokenArraysOnDump):
     """Body of ``POST /v1/responses``. Unknown keys are rejected, naming the key.
 
     Unlike the reference, ``seed`` is accepted (``num_repeats_add_seed`` sets it); it is left out of dumps while
@@ -552,6 +706,7 @@ class NeMoGymResponseCreateParamsNonStreaming(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    _token_item_fields: ClassVar[tuple[str, ...]] = ("input",)
 
     background: Optional[bool] = None
     include: Optional[_list(str)] = None
@@ -637,7 +792,7 @@ class NeMoGymResponseUsage(BaseModel):
     total_tokens: int
 
 
-class NeMoGymResponse(BaseModel):
+class NeMoGymResponse(ShareTokenArraysOnDump):
     """A Responses API response whose ``output`` holds the Gym item union.
 
     Fields the upstream sends that are not declared here are kept (``extra="allow"``) and dumped back. An SDK
@@ -646,12 +801,13 @@ class NeMoGymResponse(BaseModel):
     """
 
     model_config = _SDK_CONFIG
+    _token_item_fields: ClassVar[tuple[str, ...]] = ("output",)
 
     id: str
     created_at: Union[int, float]
     model: str
     object: Literal["response"] = "response"
-    output: _list(SerializeAsAny[NeMoGymResponseOutputItem])
+    output: _items(SerializeAsAny[NeMoGymResponseOutputItem])
     parallel_tool_calls: Optional[bool] = True
     tool_choice: Union[str, _SDKDict] = "auto"
     tools: _list(NeMoGymResponseTool) = Field(default_factory=list)
@@ -881,13 +1037,14 @@ class NeMoGymChatCompletionToolParam(BaseModel):
     type: Literal["function"] = "function"
 
 
-class NeMoGymChatCompletionCreateParamsNonStreaming(BaseModel):
+class NeMoGymChatCompletionCreateParamsNonStreaming(ShareTokenArraysOnDump):
     """Body of ``POST /v1/chat/completions``. Unknown keys are dropped (the reference's behaviour). Numbers must be
     finite (``NaN`` / ``Infinity`` are refused, naming the field: HTTP 422)."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    _token_item_fields: ClassVar[tuple[str, ...]] = ("messages",)
 
-    messages: _list(SerializeAsAny[NeMoGymChatCompletionMessageParam])
+    messages: _items(SerializeAsAny[NeMoGymChatCompletionMessageParam])
     model: Optional[str] = None
     audio: Optional[dict[str, Any]] = None
     frequency_penalty: Optional[float] = None
@@ -1007,3 +1164,10 @@ class NeMoGymChatCompletion(BaseModel):
     service_tier: Optional[str] = None
     system_fingerprint: Optional[str] = None
     usage: Optional[NeMoGymCompletionUsage] = None
+
+
+# Training items whose token arrays `ShareTokenArraysOnDump` shares (exact classes: a subclass an environment defines
+# may dump differently, so its items are dumped by pydantic as they are).
+_SHARED_ITEM_CLASSES = frozenset(
+    [*RESPONSES_TO_TRAIN.values(), NeMoGymChatCompletionAssistantMessageForTrainingParam]
+)

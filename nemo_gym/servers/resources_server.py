@@ -30,7 +30,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from nemo_gym.config.types import AggregateMetrics, AggregateMetricsRequest, BaseRunServerInstanceConfig
-from nemo_gym.api.schemas import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.api.schemas import NeMoGymResponse, NeMoGymResponseCreateParamsNonStreaming, ShareTokenArraysOnDump
 from nemo_gym.rollouts.aggregation_parts import aggregate_metrics_route
 from nemo_gym.rollouts.metrics import AggregateMetricsMixin
 from nemo_gym.servers.base import BaseServer, SimpleServer
@@ -82,8 +82,10 @@ class BaseResourcesServerConfig(BaseRunServerInstanceConfig):
     expose_tools_over_mcp: bool = False
 
 
-class BaseRunRequest(BaseModel):
-    """One dataset row as sent to an agent's `/run`: at least the model call parameters."""
+class BaseRunRequest(ShareTokenArraysOnDump):
+    """One dataset row as sent to an agent's `/run`: at least the model call parameters. Its `model_dump()` shares
+    the token arrays of training items instead of copying them (so the verify idiom below costs what the rest of the
+    rollout costs, not a copy of 64k-token arrays; `nemo_gym.api.schemas.ShareTokenArraysOnDump`)."""
 
     responses_create_params: NeMoGymResponseCreateParamsNonStreaming
 
