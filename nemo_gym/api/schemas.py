@@ -27,7 +27,7 @@ Performance notes (the reference spent most of its CPU re-validating whole respo
 * Token arrays (``prompt_token_ids``, ``generation_token_ids``, ``generation_log_probs``: megabytes per training
   rollout) are checked once and then passed by reference: lists given from Python are kept as they are after one
   C-level pass over them, and the dumps of requests and responses share them instead of copying (``TokenIds``,
-  ``ShareTokenArraysOnDump``; design decision 33). Item lists are turned into Python objects once when validated
+  ``ShareTokenArraysOnDump``; design decision 34). Item lists are turned into Python objects once when validated
   from JSON (``_items``), not once per union function and again for validation.
 * Prefer ``Model.model_validate(dict)`` on parsed JSON. Passing already-validated model instances into another
   model does not re-validate them (pydantic's ``revalidate_instances="never"``), so build responses from
@@ -146,7 +146,7 @@ def _items(item: Any) -> Any:
 # ------------------------------------------------------------------------------------------ token arrays
 # A training-mode rollout carries, on the last item of each model call, its prompt ids, generated ids and log probs:
 # at 64k generated tokens 3-4 MB of JSON per rollout, through every hop. They are checked once and then passed on by
-# reference (design decision 33):
+# reference (design decision 34):
 # * from JSON, pydantic-core checks them while parsing (`list[int]` / `list[float]`, stopping at the first bad
 #   element);
 # * from Python (a body parsed once as above, the verify idiom `Response(**body.model_dump(), reward=...)`, items

@@ -1,4 +1,4 @@
-"""Token arrays (issue 36 item 2, design decision 33): checked once, kept by reference, dumped as pydantic dumps them.
+"""Token arrays (issue 36 item 2, design decision 34): checked once, kept by reference, dumped as pydantic dumps them.
 
 Environment code still sees plain `list[int]` / `list[float]`; a malformed element is a 422 naming it; the verify
 idiom `Response(**body.model_dump(), reward=...)` shares the arrays instead of copying them; and every dump is the
