@@ -374,9 +374,8 @@ class ShareTokenArraysOnDump(BaseModel):
                         whole[name] = values[name]
                 elif name in given:
                     whole[name] = given[name]
-            if len(whole) < len(given):
-                for key, value in given.items():  # extras, after the fields, as pydantic puts them
-                    whole.setdefault(key, value)
+            for key, value in given.items():  # extras (`token_trajectory`, ...), after the fields, as pydantic has them
+                whole.setdefault(key, value)
             parent[path[-1]] = whole
         return dumped
 

@@ -53,6 +53,8 @@ def final_message(n: int) -> dict:
         "prompt_token_ids": list(range(100, 140)),
         "generation_token_ids": list(range(5, 5 + n)),
         "generation_log_probs": [-0.5] * n,
+        "token_trajectory": "exact",  # an extra key a training item carries (decision 29)
+        "token_trajectory_reason": None,
     }
 
 
@@ -88,6 +90,7 @@ def test_environment_code_sees_plain_lists_of_ints_and_floats_from_json():
     assert type(last.prompt_token_ids) is list and last.prompt_token_ids == list(range(100, 140))
     assert type(last.generation_log_probs) is list and all(type(x) is float for x in last.generation_log_probs)
     assert type(body.response.output[0]) is NeMoGymResponseFunctionToolCallForTraining
+    assert last.token_trajectory == "exact"
     assert body.response.output[0].routed_experts == "opaque"
 
 
