@@ -155,7 +155,7 @@ def _items(item: Any) -> Any:
 #   floats among ids, NaN, a tuple, a numpy array) goes through pydantic's own list check, which converts or
 #   answers a 422 naming the first bad element (`...generation_token_ids.17`);
 # * the dumps of the models that carry items share the lists instead of copying them element by element
-#   (`_TokenArraysShared.model_dump`), and JSON is written once, by pydantic-core.
+#   (`ShareTokenArraysOnDump.model_dump`), and JSON is written once, by pydantic-core.
 # Environment code sees plain `list[int]` / `list[float]`, as v0.5 types them.
 
 
