@@ -125,7 +125,8 @@ def test_listening_on_every_interface_adds_this_machines_names():
 
 
 def test_the_policy_reaches_uvicorn_workers_through_the_environment(monkeypatch):
-    monkeypatch.delenv(ENV_VAR_NAME, raising=False)
+    monkeypatch.setenv(ENV_VAR_NAME, "")  # recorded, so the export below is undone after the test
+    monkeypatch.delenv(ENV_VAR_NAME)
     assert HostPolicy.from_env() is None
     host_policy({"allowed_hosts": ["node1", "*.corp.example"]}, "127.0.0.1").export_to_env()
     back = HostPolicy.from_env()
