@@ -70,6 +70,7 @@ def collect(tmp_path: Path, out: Path, agent: ScoringAgent, **options) -> int:
         num_repeats=3,
         progress_bar=False,
         max_attempts=1,
+        disable_aggregation=True,  # the fake agent answers /run only; aggregation is tested on its own
         **options,
     )
     return run_from_config(config, server_client=agent)

@@ -584,6 +584,7 @@ def config(tmp_path: Path, **overrides: Any) -> RolloutCollectionConfig:
         agent_name="agent",
         retry_backoff_s=0.001,
         progress_bar=False,
+        disable_aggregation=True,  # the fake agent answers /run only; aggregation is tested on its own
     )
     return RolloutCollectionConfig(**{**base, **overrides})
 

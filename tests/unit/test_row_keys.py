@@ -211,7 +211,8 @@ def test_resume_with_duplicate_lines_runs_exactly_the_missing_rollouts(tmp_path)
     texts = ["a", "b", "a", "c", "b", "d"]  # tasks a=0 (4 rollouts), b=1 (4), c=2 (2), d=3 (2)
     (tmp_path / "in.jsonl").write_text("\n".join(_lines(texts)) + "\n")
     cfg = dict(input_jsonl_fpath=str(tmp_path / "in.jsonl"), output_jsonl_fpath=str(tmp_path / "out.jsonl"),
-               agent_name="agent", num_repeats=2, progress_bar=False, max_attempts=1)
+               agent_name="agent", num_repeats=2, progress_bar=False, max_attempts=1,
+               disable_aggregation=True)  # the fake agent answers /run only
     agent = _Agent()
     agent.failing = {1}
     assert run_from_config(RolloutCollectionConfig(**cfg), server_client=agent, profile=False) == 1
