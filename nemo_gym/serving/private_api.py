@@ -262,13 +262,7 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
         self.flow.resume_reading()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
-            start = getattr(self, "_start_asgi_task", None)  # newer uvicorn; older ones start the task inline
-            if start is not None:
-                start(cycle, app)
-            else:
-                task = self.loop.create_task(cycle.run_asgi(app))
-                task.add_done_callback(self.tasks.discard)
-                self.tasks.add(task)
+            self._start_asgi_task(cycle, app)
             return
         self._release()
         self.idle_since = self.loop.time()
@@ -332,7 +326,14 @@ class NeMoGymHttpProtocol(CoalescingHttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         work = self.work = _AbandonableApp(app, cycle)
-        super()._start_asgi_task(cycle, work)  # type: ignore[misc]
+        start = getattr(super(), "_start_asgi_task", None)
+        if start is not None:
+            start(cycle, work)
+        else:  # older uvicorn (0.31) starts a first request's task inline, without this method: only pipelined
+            # requests come through here, and their abandonment is all that is cancelled there
+            task = self.loop.create_task(cycle.run_asgi(work))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
 
     def _abandon(self) -> None:
         """Cancel the request being answered on this lost connection, if its answer is not complete."""
