@@ -15,6 +15,9 @@ PARENT_DIR = ROOT_DIR.parent
 WORKING_DIR = PARENT_DIR if (PARENT_DIR / "pyproject.toml").exists() else Path.cwd()
 CACHE_DIR = WORKING_DIR / "cache"
 RESULTS_DIR = WORKING_DIR / "results"
+# More folders to look in for configs, prompts, data and servers (os.pathsep list), before the current folder and
+# this install (v0.5's `component_search_roots`); ng_run adds the folder it was started in for its servers.
+EXTRA_ROOTS_ENV_VAR_NAME = "NEMO_GYM_EXTRA_ROOTS"
 
 # Server folders (resources_servers/..., responses_api_models/...) import as top-level packages.
 if str(PARENT_DIR) not in sys.path:

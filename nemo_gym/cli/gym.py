@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Sequence
 
+from nemo_gym import EXTRA_ROOTS_ENV_VAR_NAME
 from nemo_gym.cli.command import _literal
 from nemo_gym.errors import did_you_mean
 
-EXTRA_ROOTS_ENV_VAR_NAME = "NEMO_GYM_EXTRA_ROOTS"
 USAGE_EXIT = 2  # a mistake on the command line (like argparse and our commands' config errors)
 MISSING_EXIT = 1  # the mapped command is not in this install; no command given
 

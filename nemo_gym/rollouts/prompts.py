@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from nemo_gym import PARENT_DIR
+from nemo_gym import EXTRA_ROOTS_ENV_VAR_NAME, PARENT_DIR
 from nemo_gym.config.types import BaseNeMoGymCLIConfig
 from nemo_gym.errors import NeMoGymConfigError
 
@@ -52,7 +52,6 @@ __all__ = [
 ]
 
 PROMPT_CONFIG_USED_KEY_NAME = "prompt_config_used"
-EXTRA_ROOTS_ENV_VAR_NAME = "NEMO_GYM_EXTRA_ROOTS"
 _CACHE_SIZE = 64
 _MAX_INDICES_SHOWN = 50
 

@@ -44,7 +44,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from nemo_gym import PARENT_DIR
+from nemo_gym import EXTRA_ROOTS_ENV_VAR_NAME, PARENT_DIR
 from nemo_gym.config.server_paths import ServerLocation, locate_server
 from nemo_gym.config.types import RestartPolicy, ServerInstanceSpec
 from nemo_gym.errors import NeMoGymConfigError, NeMoGymStackError
@@ -416,8 +416,6 @@ class RunHelper:
         # A server runs in its own folder; relative paths its config names (a benchmark's judge template, say
         # `benchmarks/hle/prompts/judge.txt`) are the user's, so the folder ng_run was started in joins the
         # search roots (`NEMO_GYM_EXTRA_ROOTS`, before the server's own folder and the install root).
-        from nemo_gym.rollouts.prompts import EXTRA_ROOTS_ENV_VAR_NAME
-
         roots = [part for part in env.get(EXTRA_ROOTS_ENV_VAR_NAME, "").split(os.pathsep) if part.strip()]
         if str(self.cwd) not in roots:
             roots.append(str(self.cwd))
