@@ -1002,32 +1002,33 @@ class RunHelper:
         the supervision thread ended, or a server spent its restart budget (the error names it, with its last
         output lines). A server that crashes and is restarted is not an error here (NeMo Gym v0.5 raises on any
         exit; ours restarts first, `restart_policy`)."""
-        if self.head is not None and not self.head.is_alive():
-            raise ServerCrashed("The head server thread stopped unexpectedly.")
-        if self._supervisor is not None and not self._supervisor.is_alive():
-            raise ServerCrashed("The supervision thread stopped unexpectedly.")
+        self._check_threads()
         failed = self.failed_servers()
         if failed:
             raise ServerCrashed(
-                "Server(s) failed after spending their restart budget: "
-                + "; ".join(self._failure_report(s) for s in failed)
+                "Server(s) failed after spending their restart budget:\n"
+                + "\n".join(self._failure_report(s) for s in failed)
             )
 
     @staticmethod
     def _failure_report(server: Any) -> str:
-        tail = list(getattr(server, "tail", None) or [])[-10:]
-        lines = "".join(f"\n    {line}" for line in tail)
-        return f"'{server.label}'" + (f", last lines of its output:{lines}" if lines else "")
+        if isinstance(server, ServerProcess):
+            return server.exit_report()
+        return f"Server '{server.label}' (Ray actor): {server.error or 'Ray will not restart it'}."
 
     def supervise(self) -> None:
         """Block until a stop is requested; servers are restarted meanwhile by the supervision thread. A server
         that spends its restart budget does not end the wait (ng_run keeps serving the others and exits 1)."""
         self.start_supervision()
         while not self._stop_requested.wait(SUPERVISE_INTERVAL_S):
-            if self.head is not None and not self.head.is_alive():
-                raise ServerCrashed("The head server thread stopped unexpectedly.")
-            if self._supervisor is not None and not self._supervisor.is_alive():
-                raise ServerCrashed("The supervision thread stopped unexpectedly.")
+            self._check_threads()
+
+    def _check_threads(self) -> None:
+        """`ServerCrashed` when the head server's or the supervision thread has stopped."""
+        if self.head is not None and not self.head.is_alive():
+            raise ServerCrashed("The head server thread stopped unexpectedly.")
+        if self._supervisor is not None and not self._supervisor.is_alive():
+            raise ServerCrashed("The supervision thread stopped unexpectedly.")
 
     def run_forever(self) -> None:
         """v0.5's loop after `start()`: serve until Ctrl-C (or `request_stop`), then stop everything."""
